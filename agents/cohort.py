@@ -1,0 +1,65 @@
+"""A cohort of devices as one SimPy process; a cohort of one is one device (DESIGN.md section 2).
+
+The process waits for collector messages (bytes), decodes them through the wire format, reads its devices'
+current counters from the world, lets the sans-IO device side answer, records the charges in the ledger and
+hands each report sub-batch (split by the network's per-device fate) to the network as encoded bytes.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import simpy
+
+from agents.world import World
+from collector.network import Network
+from protocols import wire
+from protocols.base import DeviceSide
+from protocols.ledger import Ledger
+from protocols.messages import CollectionRequest, ReportBatch
+
+
+def _subset(batch: ReportBatch, idx: np.ndarray) -> ReportBatch:
+    cols = {k: (wire.bits(v[idx]) if isinstance(v, wire.Bits) else v[idx]) for k, v in batch.columns.items()}
+    return ReportBatch(round=batch.round, protocol=batch.protocol, devices=batch.devices[idx], columns=cols)
+
+
+class CohortAgent:
+    def __init__(self, env: simpy.Environment, device: DeviceSide, world: World, network: Network,
+                 ledger: Ledger, send: Callable[[bytes], object], round_seconds: float) -> None:
+        self.env, self.device, self.world, self.network, self.ledger = env, device, world, network, ledger
+        self.send, self.round_seconds = send, round_seconds
+        self.ids = device.device_ids.astype(np.int64)
+        self.inbox: simpy.Store = simpy.Store(env)
+        self.rejected = 0  # collector messages this cohort could not decode
+        self.process = env.process(self.run())
+
+    def day(self) -> int:
+        """The devices' own round counter: rounds start every ``round_seconds``, the first at time 0."""
+        return int(self.env.now // self.round_seconds) + 1
+
+    def run(self):
+        while True:
+            raw = yield self.inbox.get()
+            try:
+                msg = wire.decode(raw)
+            except wire.WireError:
+                self.rejected += 1
+                continue
+            if isinstance(msg, CollectionRequest):
+                self.answer(msg)
+
+    def answer(self, request: CollectionRequest) -> None:
+        values, _ = self.world.values(self.ids)
+        batch, charges = self.device.respond(request, self.day(), values, self.env.now)
+        for charge in charges:
+            self.ledger.record(charge)
+        if batch is None or len(batch) == 0:
+            return
+        fate = self.network.fate(batch.devices, batch.round, request.deadline - self.env.now)
+        self.network.traffic.reports_lost += fate.lost
+        for idx, delay in ((fate.on_time, fate.on_time_delay), (fate.late, fate.late_delay)):
+            if idx.size:
+                sub = batch if idx.size == len(batch) else _subset(batch, idx)
+                self.network.transmit(wire.encode(sub), delay, self.send, reports=int(idx.size))

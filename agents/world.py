@@ -1,0 +1,149 @@
+"""The devices' true counters: population groups, per-device levels, per-round jitter, scripted changes.
+
+A device draws its own level from its group's counter distribution at setup and again when a change hits
+its group; each round its value is level + jitter, clipped to [0, max_value] (ALGORITHMS.md: values are
+clipped before any mechanism sees them, and the clipping is counted). Every draw is keyed
+(DESIGN.md section 3), so a device's values are a pure function of (seed, device, round).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numba as nb
+import numpy as np
+
+from protocols import keyed
+from protocols.keyed import Purpose, stream_key
+
+
+@dataclass(frozen=True)
+class Dist:
+    """A counter distribution: ``constant`` (value), ``uniform`` (low, high) or ``normal`` (mean, sd)."""
+
+    kind: str
+    value: float = 0.0
+    low: float = 0.0
+    high: float = 0.0
+    mean: float = 0.0
+    sd: float = 0.0
+
+    def sample(self, key: int, ids: np.ndarray) -> np.ndarray:
+        if self.kind == "constant":
+            return np.full(ids.shape[0], self.value, dtype=np.float64)
+        if self.kind == "uniform":
+            return self.low + (self.high - self.low) * keyed.uniform(key, ids)
+        if self.kind == "normal":
+            return self.mean + self.sd * keyed.normal(key, ids)
+        raise ValueError(f"unknown distribution {self.kind!r}")
+
+
+@dataclass(frozen=True)
+class Group:
+    name: str
+    share: float
+    counter: Dist
+    jitter_sd: float = 0.0
+
+
+@dataclass(frozen=True)
+class Change:
+    """From ``round`` on, the devices of ``group`` (a ``fraction`` of them, keyed) redraw their level from
+    ``counter`` and/or take the new jitter sd."""
+
+    round: int
+    group: str
+    counter: Dist | None = None
+    jitter_sd: float | None = None
+    fraction: float = 1.0
+
+
+def split_shares(n: int, shares: list[float]) -> np.ndarray:
+    """Group boundaries: contiguous id blocks with sizes by largest remainder, so sizes sum to n exactly."""
+    raw = np.asarray(shares, dtype=np.float64) * n
+    sizes = np.floor(raw).astype(np.int64)
+    short = n - int(sizes.sum())
+    if short > 0:
+        sizes[np.argsort(-(raw - sizes), kind="stable")[:short]] += 1
+    return np.concatenate(([0], np.cumsum(sizes)))
+
+
+@nb.njit(cache=True)
+def _values_kernel(ids, levels, sds, key, m, out):
+    clipped = 0
+    for k in range(ids.shape[0]):
+        i = ids[k]
+        v = levels[i]
+        if sds[i] > 0.0:
+            v += sds[i] * keyed.normal1(key, np.uint64(i))
+        if v < 0.0:
+            v = 0.0
+            clipped += 1
+        elif v > m:
+            v = m
+            clipped += 1
+        out[k] = v
+    return clipped
+
+
+class World:
+    """Counters of ``n`` devices over rounds 1, 2, ...; call :meth:`advance_to` at each round start."""
+
+    def __init__(self, seed: int, n: int, groups: list[Group], changes: list[Change], max_value: float) -> None:
+        self.seed, self.n, self.max_value = int(seed), int(n), float(max_value)
+        self.groups = list(groups)
+        self.changes = sorted(changes, key=lambda c: c.round)
+        self.bounds = split_shares(self.n, [g.share for g in self.groups])
+        self._index = {g.name: i for i, g in enumerate(self.groups)}
+        self.levels = np.empty(self.n, dtype=np.float64)
+        self.sds = np.empty(self.n, dtype=np.float64)
+        for gi, g in enumerate(self.groups):
+            ids = self.group_ids(g.name)
+            self.levels[ids] = g.counter.sample(stream_key(seed, Purpose.LEVEL, 0), ids)
+            self.sds[ids] = g.jitter_sd
+        self.day = 0
+        self._applied = 0
+
+    def group_ids(self, name: str) -> np.ndarray:
+        gi = self._index[name]
+        return np.arange(self.bounds[gi], self.bounds[gi + 1], dtype=np.int64)
+
+    def group_of(self, ids: np.ndarray) -> np.ndarray:
+        """Index of each device's group."""
+        return np.searchsorted(self.bounds, np.asarray(ids), side="right") - 1
+
+    def advance_to(self, day: int) -> list[Change]:
+        """Apply every change whose round has come; returns those applied now."""
+        if day < self.day:
+            raise ValueError("the world does not go back in time")
+        self.day = day
+        applied = []
+        while self._applied < len(self.changes) and self.changes[self._applied].round <= day:
+            ch = self.changes[self._applied]
+            self._applied += 1
+            ids = self.group_ids(ch.group)
+            if ch.fraction < 1.0:
+                ids = ids[keyed.uniform(stream_key(self.seed, Purpose.AFFECTED, self._applied), ids) < ch.fraction]
+            if ch.counter is not None:
+                self.levels[ids] = ch.counter.sample(stream_key(self.seed, Purpose.LEVEL, self._applied), ids)
+            if ch.jitter_sd is not None:
+                self.sds[ids] = ch.jitter_sd
+            applied.append(ch)
+        return applied
+
+    def values(self, ids: np.ndarray, day: int | None = None) -> tuple[np.ndarray, int]:
+        """Clipped values of devices ``ids`` on ``day`` (default: the current day) and how many were clipped."""
+        day = self.day if day is None else day
+        if day != self.day:
+            raise ValueError(f"the world is at round {self.day}, not {day}")
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        out = np.empty(ids.shape[0], dtype=np.float64)
+        clipped = _values_kernel(ids, self.levels, self.sds, np.uint64(stream_key(self.seed, Purpose.JITTER, day)),
+                                 self.max_value, out)
+        return out, int(clipped)
+
+    def truth(self) -> tuple[float, int]:
+        """Population mean of the current round's clipped values, summed in device order (deterministic)."""
+        v, clipped = self.values(np.arange(self.n))
+        return float(v.mean()) if self.n else math.nan, clipped

@@ -1,0 +1,81 @@
+"""The collector as SimPy processes: it runs collection rounds with a deadline, decodes every message it
+receives through the wire format, counts and logs what it rejects, and carries on (DESIGN.md section 5)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import simpy
+
+from collector.network import Network
+from protocols import wire
+from protocols.base import CollectorSide, ProtocolError, RoundResult
+from protocols.messages import ReportBatch
+
+LOGGED_REJECTIONS_PER_ROUND = 20  # beyond this, rejections are only counted (a flood must not flood the log)
+
+
+@dataclass
+class CollectorStats:
+    received: int = 0
+    accepted: int = 0
+    rejected: int = 0
+    late: int = 0
+    reports_accepted: int = 0
+    reasons: dict[str, int] = field(default_factory=dict)
+
+
+class CollectorProcess:
+    def __init__(self, env: simpy.Environment, protocol: CollectorSide, network: Network,
+                 cohort_inboxes: list[simpy.Store], deadline: float, log: Any) -> None:
+        self.env, self.protocol, self.network = env, protocol, network
+        self.cohort_inboxes, self.deadline, self.log = cohort_inboxes, float(deadline), log
+        self.inbox: simpy.Store = simpy.Store(env)
+        self.stats = CollectorStats()
+        self.open_until: float | None = None
+        self._logged = 0
+        env.process(self.receiver())
+
+    def deliver(self, raw: bytes) -> None:
+        """Where the network drops bytes addressed to the collector."""
+        self.inbox.put(raw)
+
+    def run_round(self, round_: int, on_close: Callable[[RoundResult], None] | None = None):
+        """A SimPy process: broadcast the request, wait for the deadline, close the round."""
+        close_at = self.env.now + self.deadline
+        request = self.protocol.request(round_, close_at)
+        self.open_until, self._logged = close_at, 0
+        self.network.broadcast(wire.encode(request), self.cohort_inboxes)
+        yield self.env.timeout(self.deadline)
+        self.open_until = None
+        result = self.protocol.close_round()
+        if on_close is not None:
+            on_close(result)
+        return result
+
+    def receiver(self):
+        while True:
+            raw = yield self.inbox.get()
+            self.stats.received += 1
+            try:
+                msg = wire.decode(raw)
+                if not isinstance(msg, ReportBatch):
+                    raise ProtocolError(f"devices may not send {type(msg).__name__} messages")
+                if self.open_until is None or self.env.now >= self.open_until:
+                    self.stats.late += 1
+                    raise ProtocolError(f"report batch for round {msg.round} arrived after the round closed")
+                accepted = self.protocol.receive(msg)
+            except (wire.WireError, ProtocolError) as exc:
+                self._reject(exc)
+                continue
+            self.stats.accepted += 1
+            self.stats.reports_accepted += accepted
+
+    def _reject(self, exc: Exception) -> None:
+        kind = "wire" if isinstance(exc, wire.WireError) else "protocol"
+        self.stats.rejected += 1
+        self.stats.reasons[kind] = self.stats.reasons.get(kind, 0) + 1
+        self._logged += 1
+        if self._logged <= LOGGED_REJECTIONS_PER_ROUND:
+            self.log.warning("message_rejected", kind=kind, reason=str(exc)[:200])

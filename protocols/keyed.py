@@ -1,0 +1,142 @@
+"""Keyed (counter-based) randomness: every draw is a pure function of (seed, purpose, context, device).
+
+DESIGN.md section 3. Nothing here keeps state: a draw for device ``i`` in round ``r`` for purpose ``p`` is
+``splitmix64(i * GOLDEN + key(seed, p, r, ...))``, the SplitMix64 output function (Steele, Lea, Flood 2014)
+applied to a Weyl sequence started at a per-stream key. Consequently results do not depend on how devices
+are grouped into cohorts, on event order, or on the runtime, and a single device can be replayed alone.
+
+Stream keys are derived in Python integers (exact); the per-device kernels are numba-compiled loops (the
+hot path of every simulation: about 4 ns per draw, against 60 ns for the same arithmetic in numpy).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+
+import numba as nb
+import numpy as np
+
+MASK64 = (1 << 64) - 1
+GOLDEN = 0x9E3779B97F4A7C15
+_M1 = 0xBF58476D1CE4E5B9
+_M2 = 0x94D049BB133111EB
+_TWO_M53 = 1.0 / 9007199254740992.0  # 2**-53
+
+
+class Purpose(enum.IntEnum):
+    """Stream tags. The numbers are part of the reproducibility contract: never renumber, only append."""
+
+    ALPHA = 1  # alpha-point rounding offset, once per device
+    MEMO = 2  # memoized 1BitMean bit of a grid value
+    FLIP = 3  # output-perturbation flip, once per round
+    REPORT = 4  # fresh (non-memoized) report randomness, once per round
+    LEVEL = 5  # a device's own counter level, per scenario phase
+    JITTER = 6  # per-round variation around the level
+    AFFECTED = 7  # whether a scripted change hits a device
+    LOSS = 8  # network loss of one report
+    LATENCY = 9  # network latency of one report
+
+
+def _mix_int(z: int) -> int:
+    z &= MASK64
+    z = ((z ^ (z >> 30)) * _M1) & MASK64
+    z = ((z ^ (z >> 27)) * _M2) & MASK64
+    return z ^ (z >> 31)
+
+
+def stream_key(seed: int, purpose: int, *context: int) -> int:
+    """The 64-bit key of one stream: seed, purpose tag and integer context (round, grid index, ...)."""
+    k = _mix_int(int(seed) * GOLDEN + 0x5851F42D4C957F2D)
+    for part in (int(purpose), *context):
+        k = _mix_int(k ^ (int(part) & MASK64))
+    return k
+
+
+@nb.njit(inline="always")
+def _mix(z):
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(_M1)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(_M2)
+    return z ^ (z >> np.uint64(31))
+
+
+@nb.njit(inline="always")
+def _unit(z):
+    """Top 53 bits of a 64-bit word as a float in [0, 1)."""
+    return np.float64(z >> np.uint64(11)) * _TWO_M53
+
+
+@nb.njit(inline="always")
+def uniform1(key, device):
+    """One uniform in [0, 1) for (key, device): the scalar building block of every kernel."""
+    return _unit(_mix(device * np.uint64(GOLDEN) + key))
+
+
+@nb.njit(inline="always")
+def uniform2(key, device, sub):
+    """One uniform keyed by (key, device, sub): e.g. the memo bit of grid value ``sub``."""
+    z = _mix(device * np.uint64(GOLDEN) + key)
+    return _unit(_mix(z + (sub + np.uint64(1)) * np.uint64(GOLDEN)))
+
+
+@nb.njit(inline="always")
+def normal1(key, device):
+    """One standard normal for (key, device) by Box-Muller on two keyed uniforms."""
+    z = _mix(device * np.uint64(GOLDEN) + key)
+    u1 = 1.0 - _unit(z)  # (0, 1]
+    u2 = _unit(_mix(z + np.uint64(GOLDEN)))
+    return math.sqrt(-2.0 * math.log(u1)) * math.cos(2.0 * math.pi * u2)
+
+
+@nb.njit(cache=True)
+def _uniform_kernel(key, ids, out):
+    for i in range(ids.shape[0]):
+        out[i] = uniform1(key, ids[i])
+
+
+@nb.njit(cache=True)
+def _normal_kernel(key, ids, out):
+    for i in range(ids.shape[0]):
+        out[i] = normal1(key, ids[i])
+
+
+@nb.njit(cache=True)
+def _uniform_sub_kernel(key, ids, subs, out):
+    for i in range(ids.shape[0]):
+        out[i] = uniform2(key, ids[i], np.uint64(subs[i]))
+
+
+def _ids(device_ids: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(device_ids, dtype=np.uint64)
+
+
+def uniform(key: int, device_ids: np.ndarray) -> np.ndarray:
+    """Uniforms in [0, 1), one per device, for the stream ``key``."""
+    ids = _ids(device_ids)
+    out = np.empty(ids.shape[0], dtype=np.float64)
+    _uniform_kernel(np.uint64(key), ids, out)
+    return out
+
+
+def uniform_sub(key: int, device_ids: np.ndarray, subs: np.ndarray) -> np.ndarray:
+    """Uniforms keyed additionally by a per-device integer ``subs`` (a grid index, a bucket...)."""
+    ids = _ids(device_ids)
+    sub = np.ascontiguousarray(subs, dtype=np.int64)
+    if sub.shape != ids.shape:
+        raise ValueError("device_ids and subs must have the same shape")
+    out = np.empty(ids.shape[0], dtype=np.float64)
+    _uniform_sub_kernel(np.uint64(key), ids, sub, out)
+    return out
+
+
+def normal(key: int, device_ids: np.ndarray) -> np.ndarray:
+    """Standard normals, one per device, for the stream ``key``."""
+    ids = _ids(device_ids)
+    out = np.empty(ids.shape[0], dtype=np.float64)
+    _normal_kernel(np.uint64(key), ids, out)
+    return out
+
+
+def bernoulli(key: int, device_ids: np.ndarray, p: np.ndarray | float) -> np.ndarray:
+    """Bernoulli(p) draws as uint8, one per device: ``uniform < p``."""
+    return (uniform(key, device_ids) < p).astype(np.uint8)

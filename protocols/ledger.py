@@ -1,0 +1,154 @@
+"""The privacy ledger: per-device charges (round, time, reason, amount), kept where the guarantee is enforced.
+
+DESIGN.md section 6. Device-side protocol objects return :class:`Charge` records; the runtime appends them
+here. Charges are stored in chunks (one per cohort and reason per round); a chunk whose devices are one
+contiguous id range is kept as that range, so charging every device every round (naive repetition) costs
+no per-device memory. ``cumulative`` charges add to a device's spend (the protocol's own accounting, e.g.
+pattern width x eps for memoization, Theorem 4 of Ding et al. 2017); non-cumulative ones record a per-report
+guarantee (e.g. eps' of output perturbation, Theorem 6) without adding to it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+
+# Reasons a device is charged. Stable strings: they appear in ledger files and digests.
+FRESH_REPORT = "fresh_report"  # naive repetition: a report with fresh randomness
+MEMO_REVEAL = "memo_reveal"  # the first report of a memoized response not revealed before
+ROUND_GUARANTEE = "round_guarantee"  # per-report instantaneous guarantee (output perturbation), not cumulative
+
+QUANTILES = (0.5, 0.9, 0.99)
+
+
+@dataclass(frozen=True)
+class Charge:
+    """``amount`` charged to each of ``devices`` (strictly increasing ids) in ``round`` at ``time``."""
+
+    round: int
+    time: float
+    reason: str
+    amount: float
+    devices: np.ndarray
+    cumulative: bool = True
+
+    def __post_init__(self) -> None:
+        if not np.isfinite(self.amount) or self.amount < 0:
+            raise ValueError(f"charge amount must be finite and >= 0, got {self.amount}")
+
+
+def _runs(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Maximal runs of consecutive ids as (starts, stops), stops exclusive."""
+    if ids.size == 0:
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    ids = ids.astype(np.int64, copy=False)
+    breaks = np.flatnonzero(np.diff(ids) != 1)
+    starts = ids[np.concatenate(([0], breaks + 1))]
+    stops = ids[np.concatenate((breaks, [ids.size - 1]))] + 1
+    return starts, stops
+
+
+class Ledger:
+    """Per-device privacy ledger for a population of ``n_devices`` (ids 0..n-1)."""
+
+    def __init__(self, n_devices: int) -> None:
+        self.n_devices = int(n_devices)
+        self.spend = np.zeros(self.n_devices, dtype=np.float64)  # cumulative spend per device
+        self.round_epsilon = np.zeros(self.n_devices, dtype=np.float64)  # largest per-report guarantee seen
+        # chunk: (round, time, reason, amount, cumulative, start, stop, ids or None)
+        self._chunks: list[tuple[int, float, str, float, bool, int, int, np.ndarray | None]] = []
+        self.history: list[dict[str, float]] = []  # spend distribution after each round
+
+    def record(self, charge: Charge) -> None:
+        ids = np.asarray(charge.devices)
+        if ids.size == 0:
+            return
+        lo, hi = int(ids[0]), int(ids[-1])
+        if lo < 0 or hi >= self.n_devices:
+            raise ValueError(f"charge names devices outside [0, {self.n_devices})")
+        contiguous = hi - lo + 1 == ids.size
+        if not contiguous and np.any(np.diff(ids.astype(np.int64)) <= 0):
+            raise ValueError("charge devices must be strictly increasing")
+        target = self.spend if charge.cumulative else None
+        if contiguous:
+            self._chunks.append((charge.round, charge.time, charge.reason, charge.amount, charge.cumulative,
+                                 lo, hi + 1, None))
+            if target is not None:
+                target[lo:hi + 1] += charge.amount
+            else:
+                np.maximum(self.round_epsilon[lo:hi + 1], charge.amount, out=self.round_epsilon[lo:hi + 1])
+        else:
+            stored = ids.astype(np.uint32 if hi < 2**32 else np.int64)
+            self._chunks.append((charge.round, charge.time, charge.reason, charge.amount, charge.cumulative,
+                                 lo, hi + 1, stored))
+            if target is not None:
+                target[stored] += charge.amount
+            else:
+                self.round_epsilon[stored] = np.maximum(self.round_epsilon[stored], charge.amount)
+
+    def close_round(self, round_: int, time: float) -> dict[str, float]:
+        """Snapshot the distribution of cumulative spend over devices (for the event log and the plot)."""
+        s = self.spend
+        if s.size:
+            qs = np.quantile(s, QUANTILES)
+            snap = {"round": round_, "time": time, "min": float(s.min()), "mean": float(s.mean()),
+                    "max": float(s.max()), **{f"p{round(q * 100)}": float(v) for q, v in zip(QUANTILES, qs)}}
+        else:
+            snap = {"round": round_, "time": time}
+        self.history.append(snap)
+        return snap
+
+    def summary(self) -> dict[str, float]:
+        """Per-device cumulative spend at the end: max, mean, p50, p99."""
+        s = self.spend
+        if not s.size:
+            return {"max": 0.0, "mean": 0.0, "p50": 0.0, "p99": 0.0}
+        p50, p99 = np.quantile(s, (0.5, 0.99))
+        return {"max": float(s.max()), "mean": float(s.mean()), "p50": float(p50), "p99": float(p99)}
+
+    def rows(self, cumulative_only: bool = True) -> Iterator[dict[str, np.ndarray | int | float | str]]:
+        """The charges chunk by chunk, device ids expanded: dicts of round, time, reason, amount, devices."""
+        for rnd, time, reason, amount, cumulative, lo, hi, ids in self._chunks:
+            if cumulative_only and not cumulative:
+                continue
+            devices = np.arange(lo, hi, dtype=np.int64) if ids is None else ids.astype(np.int64)
+            yield {"round": rnd, "time": time, "reason": reason, "amount": amount,
+                   "cumulative": cumulative, "devices": devices}
+
+    def device_charges(self, device: int) -> list[tuple[int, float, str, float, bool]]:
+        """Every charge of one device, in the order recorded: (round, time, reason, amount, cumulative)."""
+        out = []
+        for rnd, time, reason, amount, cumulative, lo, hi, ids in self._chunks:
+            if lo <= device < hi and (ids is None or ids[np.searchsorted(ids, device)] == device):
+                out.append((rnd, time, reason, amount, cumulative))
+        return out
+
+    def digest(self) -> str:
+        """sha256 of the canonical form: charges grouped by (round, time, reason, amount, cumulative), each
+        group's device set as its sorted maximal runs of consecutive ids. Independent of cohort split."""
+        groups: dict[tuple, list[tuple[np.ndarray, np.ndarray]]] = defaultdict(list)
+        for rnd, time, reason, amount, cumulative, lo, hi, ids in self._chunks:
+            key = (rnd, float(time).hex(), reason, float(amount).hex(), cumulative)
+            if ids is None:
+                groups[key].append((np.array([lo], np.int64), np.array([hi], np.int64)))
+            else:
+                groups[key].append(_runs(ids))
+        h = hashlib.sha256()
+        for key in sorted(groups):
+            starts = np.concatenate([g[0] for g in groups[key]])
+            stops = np.concatenate([g[1] for g in groups[key]])
+            order = np.argsort(starts, kind="stable")
+            starts, stops = starts[order], stops[order]
+            if starts.size > 1:  # merge runs that touch: [a, b) + [b, c) -> [a, c)
+                keep = np.concatenate(([True], starts[1:] != stops[:-1]))
+                first = np.flatnonzero(keep)
+                last = np.concatenate((first[1:] - 1, [starts.size - 1]))
+                starts, stops = starts[first], stops[last]
+            h.update(repr(key).encode())
+            h.update(starts.astype("<i8").tobytes())
+            h.update(stops.astype("<i8").tobytes())
+        return h.hexdigest()

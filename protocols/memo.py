@@ -1,0 +1,114 @@
+"""Permanent memoization: alpha-point rounding and the set of memoized responses a device has revealed.
+
+Ding, Kulkarni, Yekhanin (NIPS 2017), section 3 (ALGORITHMS.md section 2). A device fixes one response per
+memoization input (a grid value for 1BitRRPM, a position of J for dBitFlipPM); the memo table is never stored
+because the response is a keyed pure function of (seed, device, input). What must be stored is which inputs a
+device has already revealed, because the ledger charges eps the first time each is revealed (Theorem 4:
+spend = pattern width x eps).
+"""
+
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+
+def alpha_round(x: np.ndarray, alpha: np.ndarray, s: float) -> np.ndarray:
+    """Alpha-point rounding to the grid {0, s, 2s, ...}: ``L = floor(x/s) s``; ``L`` if ``x + alpha < L + s``.
+
+    With ``alpha`` uniform on [0, s) this rounds up with probability ``(x - L)/s`` exactly, so
+    ``E[rounded] = x`` (Theorem 3). Integer counters with integer ``alpha`` in {0..s-1} give the same
+    probability, so one continuous ``alpha`` serves both. Returns the grid index ``rounded / s``.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    low = np.floor(x / s)
+    return (low + (x + alpha >= (low + 1.0) * s)).astype(np.int64)
+
+
+@nb.njit(cache=True)
+def _bitset_insert(table, words, rows, items, new):
+    for i in range(rows.shape[0]):
+        w = rows[i] * words + (items[i] >> 6)
+        bit = np.uint64(1) << np.uint64(items[i] & 63)
+        if table[w] & bit:
+            new[i] = False
+        else:
+            table[w] |= bit
+            new[i] = True
+
+
+@nb.njit(cache=True)
+def _hash_insert(table, width, rows, items, new):
+    mask = np.uint64(table.shape[0] - 1)
+    added = 0
+    for i in range(rows.shape[0]):
+        key = np.uint64(rows[i]) * np.uint64(width) + np.uint64(items[i]) + np.uint64(1)
+        h = (key * np.uint64(0x9E3779B97F4A7C15)) & mask
+        while True:
+            cur = table[h]
+            if cur == key:
+                new[i] = False
+                break
+            if cur == 0:
+                table[h] = key
+                new[i] = True
+                added += 1
+                break
+            h = (h + np.uint64(1)) & mask
+    return added
+
+
+class RevealSet:
+    """Which (device row, memo input) pairs a cohort has revealed; ``insert`` reports the new ones.
+
+    ``rows`` index the cohort's devices (0..size-1) and ``items`` the memoization inputs (0..width-1).
+    A dense bitset when the inputs are few (at most 256: 32 bytes a device), otherwise an open-addressing
+    hash set whose memory grows with what was revealed, not with the grid.
+    """
+
+    DENSE_MAX = 256
+
+    def __init__(self, size: int, width: int) -> None:
+        if size < 0 or width < 1:
+            raise ValueError("RevealSet needs size >= 0 and width >= 1")
+        self.size, self.width = int(size), int(width)
+        self.dense = width <= self.DENSE_MAX
+        if self.dense:
+            self._words = (width + 63) // 64
+            self._table = np.zeros(self.size * self._words, dtype=np.uint64)
+        else:
+            self._table = np.zeros(1024, dtype=np.uint64)
+            self._count = 0
+
+    def insert(self, rows: np.ndarray, items: np.ndarray) -> np.ndarray:
+        """Mark (rows[i], items[i]) revealed; True where it was not revealed before. Rows must be distinct."""
+        rows = np.ascontiguousarray(rows, dtype=np.int64)
+        items = np.ascontiguousarray(items, dtype=np.int64)
+        if items.size and (items.min() < 0 or items.max() >= self.width):
+            raise ValueError(f"memo input out of range [0, {self.width})")
+        new = np.empty(rows.shape[0], dtype=np.bool_)
+        if self.dense:
+            _bitset_insert(self._table, self._words, rows, items, new)
+        else:
+            need = 2 * (self._count + rows.shape[0])
+            if need > self._table.shape[0]:
+                self._grow(need)
+            self._count += _hash_insert(self._table, self.width, rows, items, new)
+        return new
+
+    def _grow(self, need: int) -> None:
+        capacity = 1 << max(10, int(need - 1).bit_length())
+        old = self._table[self._table != 0] - np.uint64(1)
+        self._table = np.zeros(capacity, dtype=np.uint64)
+        scratch = np.empty(old.shape[0], dtype=np.bool_)
+        rows = (old // np.uint64(self.width)).astype(np.int64)
+        items = (old % np.uint64(self.width)).astype(np.int64)
+        _hash_insert(self._table, self.width, rows, items, scratch)
+
+    def counts(self) -> np.ndarray:
+        """How many distinct inputs each row has revealed (the behavior-pattern width of Definition 2)."""
+        if self.dense:
+            table = self._table.reshape(self.size, self._words)
+            return np.bitwise_count(table).sum(axis=1).astype(np.int64)
+        keys = self._table[self._table != 0] - np.uint64(1)
+        return np.bincount((keys // np.uint64(self.width)).astype(np.int64), minlength=self.size)

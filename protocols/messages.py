@@ -1,0 +1,40 @@
+"""The messages devices and collector exchange (decoded form). Encoding and validation: protocols.wire.
+
+DESIGN.md section 5. Report batches carry many devices' reports at once (a cohort's); each report column is a
+typed array aligned with ``devices``. The columns a protocol uses are its own business: the collector-side
+protocol object checks their names and ranges.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class CollectionRequest:
+    """Collector -> devices: report for ``round`` before ``deadline`` (simulated or real seconds)."""
+
+    TYPE = "collect"
+    round: int
+    protocol: str
+    deadline: float
+
+
+@dataclass(frozen=True)
+class ReportBatch:
+    """Devices -> collector: one report per device in ``devices`` (strictly increasing ids) for ``round``."""
+
+    TYPE = "reports"
+    round: int
+    protocol: str
+    devices: np.ndarray
+    columns: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return int(self.devices.shape[0])
+
+
+Message = CollectionRequest | ReportBatch
+MESSAGE_TYPES: dict[str, type] = {cls.TYPE: cls for cls in (CollectionRequest, ReportBatch)}

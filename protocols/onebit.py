@@ -1,0 +1,276 @@
+"""1BitMean and 1BitRRPM (Ding, Kulkarni, Yekhanin, NIPS 2017): mean estimation, one bit per device and round.
+
+- ``1bitmean``: a fresh 1BitMean bit every round (the naive repeated baseline): P[b = 1] = 1/(e^eps + 1)
+  + (x/m)(e^eps - 1)/(e^eps + 1) (paper eq. 1), charged eps every round (eps' with output perturbation).
+- ``1bitrrpm``: alpha-point rounding to the grid {0, s, ..., m} and permanent memoization of one bit per grid
+  value (section 3, Theorems 3-4); charged eps when a device first reveals a grid value's bit.
+- Output perturbation (section 3.2): each sent bit flips with probability gamma, fresh every round; one round
+  is then eps'-LDP (Theorem 6, :func:`epsilon_prime`); the collector debiases by (b - gamma)/(1 - 2 gamma).
+Formulas: ALGORITHMS.md sections 1-2.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+
+import numba as nb
+import numpy as np
+
+from protocols import keyed
+from protocols.base import ProtocolError, RoundResult
+from protocols.keyed import Purpose, stream_key
+from protocols.ledger import FRESH_REPORT, MEMO_REVEAL, ROUND_GUARANTEE, Charge
+from protocols.memo import RevealSet
+from protocols.messages import CollectionRequest, ReportBatch
+from protocols.wire import bits as wire_bits
+
+NAIVE, MEMOIZED = "1bitmean", "1bitrrpm"
+
+
+# ------------------------------------------------------------------------------------------- formulas
+def p_one(x: np.ndarray | float, epsilon: float, m: float) -> np.ndarray | float:
+    """P[b = 1] of 1BitMean for value x in [0, m] (Ding et al. 2017, eq. 1)."""
+    e = math.exp(epsilon)
+    return 1.0 / (e + 1.0) + (np.asarray(x, dtype=np.float64) / m) * (e - 1.0) / (e + 1.0)
+
+
+def debias(b: np.ndarray, gamma: float) -> np.ndarray:
+    """Undo output perturbation: E[(b_hat - gamma)/(1 - 2 gamma)] = b (section 3.2)."""
+    return (np.asarray(b, dtype=np.float64) - gamma) / (1.0 - 2.0 * gamma)
+
+
+def estimate_mean(b: np.ndarray, epsilon: float, m: float, gamma: float = 0.0) -> float:
+    """mean_hat = (m/n) sum_i (b_i (e^eps + 1) - 1)/(e^eps - 1), after debiasing (eq. 2). Unbiased."""
+    b = np.asarray(b)
+    if b.size == 0:
+        return float("nan")
+    e = math.exp(epsilon)
+    total = float(np.sum(b, dtype=np.int64)) if gamma == 0 else float(np.sum(debias(b, gamma)))
+    return m / b.size * (total * (e + 1.0) - b.size) / (e - 1.0)
+
+
+def mean_variance(x: np.ndarray, epsilon: float, m: float, gamma: float = 0.0) -> float:
+    """Exact Var[mean_hat] for true values x (one round, fresh or memoized: the marginal of a memoized
+    bit is the same Bernoulli because rounding is unbiased and p_one is linear in x).
+
+    Var = (1/n^2) sum_i m^2 ((e^eps + 1)/(e^eps - 1))^2 q_i (1 - q_i) / (1 - 2 gamma)^2, with
+    q_i = gamma + (1 - 2 gamma) p_i the probability that the sent bit is 1.
+
+    For memoized reports, rounding adds variance: p depends on the rounded value; the exact form is
+    :func:`rrpm_variance`.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    e = math.exp(epsilon)
+    q = gamma + (1.0 - 2.0 * gamma) * p_one(x, epsilon, m)
+    c = m * (e + 1.0) / (e - 1.0) / (1.0 - 2.0 * gamma)
+    return float(c * c * np.sum(q * (1.0 - q)) / x.size**2)
+
+
+def rrpm_variance(x: np.ndarray, epsilon: float, m: float, s: float, gamma: float = 0.0) -> float:
+    """Exact Var[mean_hat] of one 1BitRRPM round over alpha, memo and flip randomness.
+
+    The sent bit is Bernoulli with mean E_alpha[q(round(x))] = q(x) (q is affine in the rounded value and
+    rounding is unbiased), so a Bernoulli's variance q(1 - q) applies unchanged: equal to
+    :func:`mean_variance`. Kept as its own name so tests state which mechanism they check.
+    """
+    return mean_variance(x, epsilon, m, gamma)
+
+
+def epsilon_prime(epsilon: float, gamma: float) -> float:
+    """Per-round guarantee of 1BitMean + output perturbation (Ding et al. 2017, Theorem 6):
+    eps' = ln( ((1 - 2g) e^eps/(e^eps + 1) + g) / ((1 - 2g)/(e^eps + 1) + g) )."""
+    e = math.exp(epsilon)
+    return math.log(((1 - 2 * gamma) * e / (e + 1) + gamma) / ((1 - 2 * gamma) / (e + 1) + gamma))
+
+
+def hoeffding_radius(n: int, epsilon: float, m: float, delta: float) -> float:
+    """With prob >= 1 - delta, |mean_hat - mean| <= m (e^eps + 1)/(e^eps - 1) sqrt(ln(2/delta)/(2n))."""
+    e = math.exp(epsilon)
+    return m * (e + 1) / (e - 1) * math.sqrt(math.log(2 / delta) / (2 * n))
+
+
+# ------------------------------------------------------------------------------------------- parameters
+@dataclass(frozen=True)
+class OneBitParams:
+    """Parameters of the 1BitMean family. ``granularity`` (s) is used by 1bitrrpm only."""
+
+    name: str
+    epsilon: float
+    max_value: float
+    granularity: float | None = None
+    gamma: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.name not in (NAIVE, MEMOIZED):
+            raise ValueError(f"protocol.name must be {NAIVE!r} or {MEMOIZED!r}, got {self.name!r}")
+        if not (math.isfinite(self.epsilon) and self.epsilon > 0):
+            raise ValueError(f"protocol.epsilon must be a positive number, got {self.epsilon}")
+        if not (math.isfinite(self.max_value) and self.max_value > 0):
+            raise ValueError(f"protocol.max_value must be a positive number, got {self.max_value}")
+        if not 0.0 <= self.gamma < 0.5:
+            raise ValueError(f"protocol.gamma must be in [0, 0.5), got {self.gamma}")
+        if self.name == MEMOIZED:
+            s = self.granularity
+            if s is None or not (math.isfinite(s) and 0 < s <= self.max_value):
+                raise ValueError(f"protocol.granularity must be in (0, max_value], got {s}")
+            k = self.max_value / s
+            if abs(k - round(k)) > 1e-9 * k:
+                raise ValueError(f"protocol.granularity {s} must divide protocol.max_value {self.max_value}")
+
+    @property
+    def memoized(self) -> bool:
+        return self.name == MEMOIZED
+
+    @property
+    def grid_size(self) -> int:
+        """Number of grid values |G| = m/s + 1."""
+        return int(round(self.max_value / self.granularity)) + 1
+
+    @property
+    def round_epsilon(self) -> float:
+        """The per-report guarantee: eps, or eps' of Theorem 6 with output perturbation."""
+        return epsilon_prime(self.epsilon, self.gamma) if self.gamma > 0 else self.epsilon
+
+
+# ------------------------------------------------------------------------------------------- kernels
+@nb.njit(cache=True)
+def _memo_kernel(ids, values, alpha, s, m, top, p0, slope, memo_key, flip_key, gamma, out_bits, out_grid):
+    for i in range(ids.shape[0]):
+        x = values[i]
+        low = math.floor(x / s)
+        g = int(low) + (1 if x + alpha[i] >= (low + 1.0) * s else 0)
+        g = min(max(g, 0), top)
+        out_grid[i] = g
+        b = keyed.uniform2(memo_key, ids[i], np.uint64(g)) < p0 + slope * (g * s / m)
+        if gamma > 0.0 and keyed.uniform1(flip_key, ids[i]) < gamma:
+            b = not b
+        out_bits[i] = b
+
+
+@nb.njit(cache=True)
+def _fresh_kernel(ids, values, m, p0, slope, report_key, flip_key, gamma, out_bits):
+    for i in range(ids.shape[0]):
+        b = keyed.uniform1(report_key, ids[i]) < p0 + slope * (values[i] / m)
+        if gamma > 0.0 and keyed.uniform1(flip_key, ids[i]) < gamma:
+            b = not b
+        out_bits[i] = b
+
+
+# ------------------------------------------------------------------------------------------- device side
+class OneBitDevices:
+    """Device side for a cohort: answers each round at most once, memo state and reveals kept per device."""
+
+    def __init__(self, params: OneBitParams, seed: int, device_ids: np.ndarray) -> None:
+        self.params = params
+        self.seed = int(seed)
+        self.device_ids = np.ascontiguousarray(device_ids, dtype=np.uint64)
+        if self.device_ids.size > 1 and np.any(np.diff(self.device_ids.astype(np.int64)) <= 0):
+            raise ValueError("device ids must be strictly increasing")
+        self.last_round = 0
+        e = math.exp(params.epsilon)
+        self._p0, self._slope = 1.0 / (e + 1.0), (e - 1.0) / (e + 1.0)
+        if params.memoized:
+            self.alpha = keyed.uniform(stream_key(seed, Purpose.ALPHA), self.device_ids) * params.granularity
+            self.reveals = RevealSet(self.device_ids.size, params.grid_size)
+            self._memo_key = np.uint64(stream_key(seed, Purpose.MEMO))
+
+    def report_bits(self, round_: int, values: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """The bits the cohort sends for ``round_`` given clipped values, and the grid indices (memoized)."""
+        p = self.params
+        x = np.ascontiguousarray(values, dtype=np.float64)
+        out = np.empty(x.shape[0], dtype=np.uint8)
+        flip_key = np.uint64(stream_key(self.seed, Purpose.FLIP, round_))
+        if p.memoized:
+            grid = np.empty(x.shape[0], dtype=np.int64)
+            _memo_kernel(self.device_ids, x, self.alpha, float(p.granularity), float(p.max_value),
+                         p.grid_size - 1, self._p0, self._slope, self._memo_key, flip_key, float(p.gamma),
+                         out, grid)
+            return out, grid
+        report_key = np.uint64(stream_key(self.seed, Purpose.REPORT, round_))
+        _fresh_kernel(self.device_ids, x, float(p.max_value), self._p0, self._slope, report_key, flip_key,
+                      float(p.gamma), out)
+        return out, None
+
+    def respond(self, request: CollectionRequest, day: int, values: np.ndarray,
+                now: float) -> tuple[ReportBatch | None, list[Charge]]:
+        """Answer a collection request for the current ``day``; refuse other protocols, other rounds and
+        repeats (privacy is enforced here, whatever the collector asks)."""
+        p = self.params
+        if request.protocol != p.name or request.round != day or request.round <= self.last_round:
+            return None, []
+        if values.shape != self.device_ids.shape:
+            raise ValueError("one value per device is required")
+        self.last_round = request.round
+        bits, grid = self.report_bits(request.round, values)
+        ids = self.device_ids
+        charges: list[Charge] = []
+        if p.memoized:
+            new = self.reveals.insert(np.arange(ids.size), grid)
+            charges.append(Charge(request.round, now, MEMO_REVEAL, p.epsilon, ids[new]))
+            if p.gamma > 0:
+                charges.append(Charge(request.round, now, ROUND_GUARANTEE, p.round_epsilon, ids, cumulative=False))
+        else:
+            charges.append(Charge(request.round, now, FRESH_REPORT, p.round_epsilon, ids))
+        batch = ReportBatch(round=request.round, protocol=p.name, devices=ids.astype(np.uint32),
+                            columns={"bit": wire_bits(bits)})
+        return batch, charges
+
+
+# ------------------------------------------------------------------------------------------- collector side
+class OneBitCollector:
+    """Collector side: one report per device and round; the estimate uses the reports that arrived."""
+
+    def __init__(self, params: OneBitParams, n_devices: int) -> None:
+        self.params = params
+        self.name = params.name
+        self.n_devices = int(n_devices)
+        self.round = 0
+        self._bits: np.ndarray | None = None
+        self.transcript: list[tuple[int, np.ndarray]] = []  # (round, int8 per device: -1 none, 0, 1)
+
+    def request(self, round_: int, deadline: float) -> CollectionRequest:
+        if round_ <= self.round:
+            raise ValueError("rounds must increase")
+        self.round = round_
+        self._bits = np.full(self.n_devices, -1, dtype=np.int8)
+        return CollectionRequest(round=round_, protocol=self.name, deadline=deadline)
+
+    def receive(self, batch: ReportBatch) -> int:
+        """Take a batch for the open round; raise ProtocolError (nothing taken) if any of it is wrong."""
+        if self._bits is None or batch.round != self.round:
+            raise ProtocolError(f"batch for round {batch.round}, but the open round is {self.round or 'none'}")
+        if batch.protocol != self.name:
+            raise ProtocolError(f"batch for protocol {batch.protocol!r}, this collector runs {self.name!r}")
+        if set(batch.columns) != {"bit"}:
+            raise ProtocolError(f"a {self.name} batch has exactly the column 'bit', got {sorted(batch.columns)}")
+        ids, b = batch.devices, batch.columns["bit"]
+        if b.dtype != np.uint8 or (b.size and b.max() > 1):
+            raise ProtocolError("column 'bit' must hold bits")
+        if ids.size == 0:
+            return 0
+        if int(ids[-1]) >= self.n_devices:
+            raise ProtocolError(f"device id {int(ids[-1])} is not registered (population {self.n_devices})")
+        if np.any(self._bits[ids] >= 0):
+            raise ProtocolError("batch repeats a device that already reported this round")
+        self._bits[ids] = b
+        return int(ids.size)
+
+    def close_round(self) -> RoundResult:
+        if self._bits is None:
+            raise ValueError("no open round")
+        arrived = self._bits[self._bits >= 0]
+        p = self.params
+        est = estimate_mean(arrived, p.epsilon, p.max_value, p.gamma)
+        self.transcript.append((self.round, self._bits))
+        self._bits = None
+        return RoundResult(round=self.round, estimate=est, reports=int(arrived.size))
+
+    def transcript_digest(self) -> str:
+        """sha256 of every device's reports in (device, round) order: int8 -1 (none), 0 or 1 per round."""
+        h = hashlib.sha256()
+        h.update(np.array([r for r, _ in self.transcript], dtype="<i8").tobytes())
+        if self.transcript:
+            h.update(np.ascontiguousarray(np.stack([b for _, b in self.transcript], axis=1)).tobytes())
+        return h.hexdigest()

@@ -1,0 +1,212 @@
+"""The wire format: versioned msgpack messages with typed binary arrays. Bytes are untrusted.
+
+DESIGN.md section 5. A message is a msgpack map ``{"v": 1, "type": <name>, <fields>...}``. Arrays travel as a
+msgpack extension (code 1) holding a one-byte dtype code, a little-endian uint32 element count and the raw
+little-endian data; booleans/bits are bit-packed. Only the dtypes in ``DTYPES`` exist: no pickles, no object
+arrays. :func:`decode` checks size, version, type, every field's presence, type and range, array lengths and
+finiteness, and raises :class:`WireError` naming the first problem it finds.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import struct
+
+import msgpack
+import numpy as np
+
+from protocols.messages import MESSAGE_TYPES, CollectionRequest, Message, ReportBatch
+
+VERSION = 1
+ARRAY_EXT = 1
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+MAX_ELEMENTS = 1 << 25
+MAX_COLUMNS = 16
+MAX_ROUND = 2**31 - 1
+_NAME = re.compile(r"^[a-z0-9][a-z0-9_\-]{0,63}$")
+_HEADER = struct.Struct("<BI")
+
+# code -> (name, numpy dtype or None for packed bits)
+DTYPES: dict[int, tuple[str, np.dtype | None]] = {
+    0: ("bit", None),
+    1: ("u1", np.dtype("<u1")),
+    2: ("u4", np.dtype("<u4")),
+    3: ("u8", np.dtype("<u8")),
+    4: ("i4", np.dtype("<i4")),
+    5: ("i8", np.dtype("<i8")),
+    6: ("f4", np.dtype("<f4")),
+    7: ("f8", np.dtype("<f8")),
+}
+_CODE_OF = {np.dtype(dt): code for code, (_, dt) in DTYPES.items() if dt is not None}
+
+
+class WireError(ValueError):
+    """Malformed, oversized, wrong-version, wrong-type or out-of-range bytes. The message names the problem."""
+
+
+class Bits(np.ndarray):
+    """Marker view: a uint8 0/1 array to be sent bit-packed (8 reports a byte)."""
+
+
+def bits(a: np.ndarray) -> np.ndarray:
+    """Mark a 0/1 array for bit-packed transport."""
+    return np.ascontiguousarray(a, dtype=np.uint8).view(Bits)
+
+
+# ----------------------------------------------------------------------------------------------- encoding
+def _pack_array(a: np.ndarray) -> msgpack.ExtType:
+    if a.ndim != 1:
+        raise ValueError("only one-dimensional arrays travel on the wire")
+    if a.shape[0] > MAX_ELEMENTS:
+        raise ValueError(f"array of {a.shape[0]} elements exceeds the wire limit {MAX_ELEMENTS}")
+    if isinstance(a, Bits):
+        return msgpack.ExtType(ARRAY_EXT, _HEADER.pack(0, a.shape[0]) + np.packbits(np.asarray(a)).tobytes())
+    dt = a.dtype.newbyteorder("<")
+    if dt not in _CODE_OF:
+        raise ValueError(f"dtype {a.dtype} is not a wire dtype")
+    return msgpack.ExtType(ARRAY_EXT, _HEADER.pack(_CODE_OF[dt], a.shape[0]) + a.astype(dt, copy=False).tobytes())
+
+
+def _default(obj: object) -> object:
+    if isinstance(obj, np.ndarray):
+        return _pack_array(obj)
+    if isinstance(obj, np.integer):
+        return int(obj)
+    if isinstance(obj, np.floating):
+        return float(obj)
+    raise TypeError(f"cannot encode {type(obj).__name__}")
+
+
+def encode(msg: Message) -> bytes:
+    """Encode a message (the inverse of :func:`decode`)."""
+    if isinstance(msg, CollectionRequest):
+        body = {"round": msg.round, "protocol": msg.protocol, "deadline": float(msg.deadline)}
+    elif isinstance(msg, ReportBatch):
+        body = {"round": msg.round, "protocol": msg.protocol, "devices": msg.devices, "columns": msg.columns}
+    else:
+        raise TypeError(f"not a message: {type(msg).__name__}")
+    return msgpack.packb({"v": VERSION, "type": msg.TYPE, **body}, default=_default, use_bin_type=True)
+
+
+# ----------------------------------------------------------------------------------------------- decoding
+def _unpack_array(code: int, data: bytes) -> np.ndarray:
+    if code != ARRAY_EXT:
+        raise WireError(f"unknown msgpack extension type {code}")
+    if len(data) < _HEADER.size:
+        raise WireError("array header truncated")
+    dcode, count = _HEADER.unpack_from(data)
+    if dcode not in DTYPES:
+        raise WireError(f"array dtype code {dcode} is not allowed")
+    if count > MAX_ELEMENTS:
+        raise WireError(f"array of {count} elements exceeds the limit {MAX_ELEMENTS}")
+    name, dt = DTYPES[dcode]
+    payload = memoryview(data)[_HEADER.size:]
+    expected = (count + 7) // 8 if dt is None else count * dt.itemsize
+    if len(payload) != expected:
+        raise WireError(f"{name} array of {count} elements needs {expected} bytes, got {len(payload)}")
+    if dt is None:
+        return np.unpackbits(np.frombuffer(payload, np.uint8), count=count)
+    arr = np.frombuffer(payload, dt)
+    if dt.kind == "f" and not np.all(np.isfinite(arr)):
+        raise WireError("array holds a non-finite float")
+    return arr
+
+
+def _ext_hook(code: int, data: bytes) -> np.ndarray:
+    return _unpack_array(code, data)
+
+
+def _int(body: dict, key: str, lo: int, hi: int) -> int:
+    v = body[key]
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise WireError(f"field {key!r} must be an integer, got {type(v).__name__}")
+    if not lo <= v <= hi:
+        raise WireError(f"field {key!r} = {v} is out of range [{lo}, {hi}]")
+    return v
+
+
+def _name(body: dict, key: str) -> str:
+    v = body[key]
+    if not isinstance(v, str) or not _NAME.match(v):
+        raise WireError(f"field {key!r} must be a short lowercase name, got {v!r:.80}")
+    return v
+
+
+def _float(body: dict, key: str) -> float:
+    v = body[key]
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise WireError(f"field {key!r} must be a number, got {type(v).__name__}")
+    if not math.isfinite(v) or v < 0:
+        raise WireError(f"field {key!r} must be finite and >= 0, got {v}")
+    return float(v)
+
+
+def _array(v: object, what: str) -> np.ndarray:
+    if not isinstance(v, np.ndarray):
+        raise WireError(f"{what} must be a typed array, got {type(v).__name__}")
+    return v
+
+
+_FIELDS = {"collect": ("round", "protocol", "deadline"), "reports": ("round", "protocol", "devices", "columns")}
+
+
+def decode(data: bytes, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
+    """Decode untrusted bytes into a message, or raise :class:`WireError` naming what is wrong."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise WireError(f"expected bytes, got {type(data).__name__}")
+    if len(data) > max_bytes:
+        raise WireError(f"message of {len(data)} bytes exceeds the limit of {max_bytes}")
+    if len(data) == 0:
+        raise WireError("empty message")
+    try:
+        obj = msgpack.unpackb(
+            data, raw=False, strict_map_key=True, ext_hook=_ext_hook, use_list=True,
+            max_str_len=1024, max_bin_len=0, max_array_len=1024,
+            max_map_len=64, max_ext_len=max_bytes,
+        )
+    except WireError:
+        raise
+    except msgpack.ExtraData:
+        raise WireError("trailing bytes after the message") from None
+    except (ValueError, TypeError, msgpack.UnpackException, RecursionError, UnicodeDecodeError) as exc:
+        raise WireError(f"not valid msgpack: {exc}"[:200]) from None
+    if not isinstance(obj, dict):
+        raise WireError(f"message must be a map, got {type(obj).__name__}")
+    version = obj.get("v")
+    if version != VERSION:
+        raise WireError(f"unsupported wire version {version!r:.40} (this end speaks {VERSION})")
+    kind = obj.get("type")
+    if kind not in MESSAGE_TYPES:
+        raise WireError(f"unknown message type {kind!r:.40}")
+    fields = _FIELDS[kind]
+    body = {k: v for k, v in obj.items() if k not in ("v", "type")}
+    for key in body:
+        if key not in fields:
+            raise WireError(f"unknown field {key!r:.40} in a {kind!r} message")
+    for key in fields:
+        if key not in body:
+            raise WireError(f"missing field {key!r} in a {kind!r} message")
+    round_ = _int(body, "round", 1, MAX_ROUND)
+    protocol = _name(body, "protocol")
+    if kind == "collect":
+        return CollectionRequest(round=round_, protocol=protocol, deadline=_float(body, "deadline"))
+    devices = _array(body["devices"], "field 'devices'")
+    if devices.dtype.kind != "u" or devices.dtype.itemsize not in (4, 8):
+        raise WireError(f"field 'devices' must be u4 or u8, got {devices.dtype}")
+    if devices.size > 1 and not np.all(devices[1:] > devices[:-1]):
+        raise WireError("field 'devices' must be strictly increasing")
+    cols = body["columns"]
+    if not isinstance(cols, dict):
+        raise WireError("field 'columns' must be a map")
+    if len(cols) > MAX_COLUMNS:
+        raise WireError(f"{len(cols)} columns exceed the limit {MAX_COLUMNS}")
+    columns = {}
+    for name, col in cols.items():
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise WireError(f"column name {name!r:.40} is not a short lowercase name")
+        col = _array(col, f"column {name!r}")
+        if col.shape[0] != devices.shape[0]:
+            raise WireError(f"column {name!r} has {col.shape[0]} entries for {devices.shape[0]} devices")
+        columns[name] = col
+    return ReportBatch(round=round_, protocol=protocol, devices=devices, columns=columns)

@@ -1,0 +1,117 @@
+"""Run a scenario in simulated time: world, device cohorts, network, collector, ledger, event log.
+
+The round loop: at the start of round r (time (r - 1) x round_seconds) the world applies scripted changes,
+the collector broadcasts a collection request, cohorts answer through the network until the deadline, the
+collector closes the round into an estimate, and the per-round spend distribution is logged.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, TextIO
+
+import numpy as np
+import simpy
+import structlog
+
+from agents.cohort import CohortAgent
+from agents.world import World
+from collector.network import Network
+from collector.process import CollectorProcess
+from protocols.ledger import Ledger
+from protocols.onebit import OneBitCollector, OneBitDevices
+from scenarios.schema import Scenario
+
+
+@dataclass
+class RoundRecord:
+    round: int
+    time: float
+    truth: float
+    estimate: float
+    reports: int
+    clipped: int
+
+
+@dataclass
+class RunResult:
+    scenario: Scenario
+    rounds: list[RoundRecord]
+    ledger: Ledger
+    world: World
+    collector: CollectorProcess
+    network: Network
+    transcript_digest: str
+    wall_seconds: float
+    device_rejected: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _event_logger(stream: TextIO | None, env: simpy.Environment) -> Any:
+    """A structlog logger writing JSON lines with the simulated time on every event."""
+
+    def add_sim_time(_, __, event: dict) -> dict:
+        event["sim_time"] = float(env.now)
+        return event
+
+    if stream is None:
+        return structlog.wrap_logger(structlog.ReturnLogger(), processors=[lambda *_: ""])
+    return structlog.wrap_logger(
+        structlog.WriteLogger(stream),
+        processors=[add_sim_time, structlog.processors.add_log_level, structlog.processors.JSONRenderer()],
+    )
+
+
+def cohort_slices(n: int, size: int) -> list[tuple[int, int]]:
+    return [(lo, min(lo + size, n)) for lo in range(0, n, size)]
+
+
+def run(scenario: Scenario, events: TextIO | None = None,
+        progress: Callable[[int, int], None] | None = None) -> RunResult:
+    """Run ``scenario``; JSON-lines events go to ``events``; ``progress(done, total)`` after each round."""
+    t0 = time.perf_counter()
+    sc = scenario
+    env = simpy.Environment()
+    log = _event_logger(events, env).bind(run=sc.name, seed=sc.seed)
+    world = World(sc.seed, sc.devices, sc.groups, sc.changes, sc.protocol.max_value)
+    ledger = Ledger(sc.devices)
+    network = Network(env, sc.network, sc.seed)
+    protocol = OneBitCollector(sc.protocol, sc.devices)
+
+    collector = CollectorProcess(env, protocol, network, [], sc.network.deadline, log)
+    cohorts = []
+    for lo, hi in cohort_slices(sc.devices, sc.simulation.cohort_size):
+        device = OneBitDevices(sc.protocol, sc.seed, np.arange(lo, hi))
+        cohorts.append(CohortAgent(env, device, world, network, ledger, collector.deliver,
+                                   sc.simulation.round_seconds))
+    collector.cohort_inboxes.extend(c.inbox for c in cohorts)
+    log.info("run_started", devices=sc.devices, rounds=sc.rounds, protocol=sc.protocol.name,
+             epsilon=sc.protocol.epsilon, gamma=sc.protocol.gamma, cohorts=len(cohorts),
+             round_epsilon=sc.protocol.round_epsilon)
+
+    records: list[RoundRecord] = []
+
+    def clock():
+        for r in range(1, sc.rounds + 1):
+            start = (r - 1) * sc.simulation.round_seconds
+            if env.now < start:
+                yield env.timeout(start - env.now)
+            for change in world.advance_to(r):
+                log.info("behavior_change", round=r, group=change.group, fraction=change.fraction)
+            result = yield env.process(collector.run_round(r))
+            truth, clipped = world.truth()
+            records.append(RoundRecord(r, env.now, truth, result.estimate, result.reports, clipped))
+            spend = ledger.close_round(r, env.now)
+            log.info("round_closed", round=r, truth=truth, estimate=result.estimate, reports=result.reports,
+                     clipped=clipped, rejected=collector.stats.rejected,
+                     spend={k: v for k, v in spend.items() if k not in ("round", "time")})
+            if progress is not None:
+                progress(r, sc.rounds)
+
+    done = env.process(clock())
+    env.run(until=done)
+    wall = time.perf_counter() - t0
+    log.info("run_finished", wall_seconds=wall, messages_rejected=collector.stats.rejected)
+    return RunResult(sc, records, ledger, world, collector, network, protocol.transcript_digest(), wall,
+                     sum(c.rejected for c in cohorts))

@@ -1,0 +1,262 @@
+"""Scenario files (TOML): loading, ``--set`` overrides, and strict validation with errors that name the field.
+
+A scenario says what happens (DESIGN.md section 7): the population's groups and counter models, scripted
+behavior changes, the protocol and its parameters, network conditions and the seed. Unknown keys, wrong
+types and inconsistent values are errors; nothing is silently ignored.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agents.world import Change, Dist, Group
+from collector.network import NetworkParams
+from protocols.onebit import MEMOIZED, NAIVE, OneBitParams
+
+SHIPPED = Path(__file__).resolve().parent
+PROTOCOLS = (NAIVE, MEMOIZED)
+
+
+class ScenarioError(ValueError):
+    """A scenario that cannot run; the message starts with the offending field."""
+
+
+@dataclass(frozen=True)
+class Simulation:
+    cohort_size: int = 10_000
+    round_seconds: float = 86_400.0
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    seed: int
+    rounds: int
+    devices: int
+    groups: list[Group]
+    changes: list[Change]
+    protocol: OneBitParams
+    network: NetworkParams
+    simulation: Simulation
+    description: str = ""
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)  # the validated input, for the run directory
+
+
+# ----------------------------------------------------------------------------------------------- helpers
+class _Table:
+    """Reads one TOML table, remembering which keys were used so the rest can be reported as unknown."""
+
+    def __init__(self, data: Any, where: str) -> None:
+        if not isinstance(data, dict):
+            raise ScenarioError(f"{where or 'scenario'}: must be a table")
+        self.data, self.where, self.used = data, where, set()
+
+    def path(self, key: str) -> str:
+        return f"{self.where}.{key}" if self.where else key
+
+    def get(self, key: str, kind: type | tuple[type, ...], default: Any = ..., check=None, what: str = "") -> Any:
+        self.used.add(key)
+        if key not in self.data:
+            if default is ...:
+                raise ScenarioError(f"{self.path(key)}: required")
+            return default
+        v = self.data[key]
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        if float in kinds and isinstance(v, int) and not isinstance(v, bool):
+            v = float(v)
+        if isinstance(v, bool) and bool not in kinds or not isinstance(v, kinds):
+            names = " or ".join(k.__name__.replace("str", "string").replace("float", "number") for k in kinds)
+            raise ScenarioError(f"{self.path(key)}: must be a {names}, got {v!r}")
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ScenarioError(f"{self.path(key)}: must be finite, got {v}")
+        if check is not None and not check(v):
+            raise ScenarioError(f"{self.path(key)}: must be {what}, got {v!r}")
+        return v
+
+    def table(self, key: str, default: Any = ...) -> "_Table":
+        self.used.add(key)
+        if key not in self.data:
+            if default is ...:
+                raise ScenarioError(f"{self.path(key)}: required table")
+            return _Table({}, self.path(key))
+        return _Table(self.data[key], self.path(key))
+
+    def done(self) -> None:
+        extra = sorted(set(self.data) - self.used)
+        if extra:
+            raise ScenarioError(f"{self.path(extra[0])}: unknown key")
+
+
+def _dist(t: _Table) -> Dist:
+    kind = t.get("dist", str, check=lambda v: v in ("constant", "uniform", "normal"),
+                 what='"constant", "uniform" or "normal"')
+    if kind == "constant":
+        d = Dist("constant", value=t.get("value", float))
+    elif kind == "uniform":
+        low, high = t.get("low", float), t.get("high", float)
+        if high < low:
+            raise ScenarioError(f"{t.path('high')}: must be >= low ({low}), got {high}")
+        d = Dist("uniform", low=low, high=high)
+    else:
+        d = Dist("normal", mean=t.get("mean", float), sd=t.get("sd", float, check=lambda v: v >= 0, what=">= 0"))
+    t.done()
+    return d
+
+
+def _jitter(t: _Table) -> float:
+    kind = t.get("dist", str, check=lambda v: v in ("normal", "none"), what='"normal" or "none"')
+    sd = t.get("sd", float, check=lambda v: v >= 0, what=">= 0") if kind == "normal" else 0.0
+    t.done()
+    return sd
+
+
+def _positive(v: float) -> bool:
+    return v > 0
+
+
+# ----------------------------------------------------------------------------------------------- loading
+def parse(data: dict[str, Any]) -> Scenario:
+    """Validate a scenario given as a dict (parsed TOML)."""
+    top = _Table(data, "")
+    name = top.get("name", str, check=lambda v: 0 < len(v) <= 100, what="a non-empty name")
+    description = top.get("description", str, "")
+    seed = top.get("seed", int, 0, check=lambda v: 0 <= v < 2**63, what="an integer in [0, 2^63)")
+    rounds = top.get("rounds", int, check=lambda v: 1 <= v <= 100_000, what="an integer in [1, 100000]")
+
+    pop = top.table("population")
+    devices = pop.get("devices", int, check=lambda v: 1 <= v <= 2**32 - 1, what="an integer in [1, 2^32)")
+    raw_groups = pop.get("groups", list, check=lambda v: len(v) >= 1, what="a non-empty array of tables")
+    pop.done()
+    groups = []
+    for i, g in enumerate(raw_groups):
+        t = _Table(g, f"population.groups[{i}]")
+        gname = t.get("name", str, check=lambda v: len(v) > 0, what="a non-empty name")
+        share = t.get("share", float, check=lambda v: 0 < v <= 1, what="a number in (0, 1]")
+        counter = _dist(t.table("counter"))
+        jitter = _jitter(t.table("jitter")) if "jitter" in g else 0.0
+        t.used.add("jitter")
+        t.done()
+        groups.append(Group(gname, share, counter, jitter))
+    names = [g.name for g in groups]
+    if len(set(names)) != len(names):
+        raise ScenarioError("population.groups: group names must be distinct")
+    total = sum(g.share for g in groups)
+    if abs(total - 1.0) > 1e-9:
+        raise ScenarioError(f"population.groups: shares must sum to 1, they sum to {total:g}")
+
+    changes = []
+    for i, c in enumerate(top.get("changes", list, [])):
+        t = _Table(c, f"changes[{i}]")
+        rnd = t.get("round", int, check=lambda v: 1 <= v <= rounds, what=f"a round in [1, {rounds}]")
+        group = t.get("group", str, check=lambda v: v in names, what=f"one of the groups {names}")
+        counter = _dist(t.table("counter")) if "counter" in c else None
+        jitter = _jitter(t.table("jitter")) if "jitter" in c else None
+        t.used.update(("counter", "jitter"))
+        fraction = t.get("fraction", float, 1.0, check=lambda v: 0 < v <= 1, what="a number in (0, 1]")
+        if counter is None and jitter is None:
+            raise ScenarioError(f"changes[{i}]: needs a counter or a jitter to change")
+        t.done()
+        changes.append(Change(rnd, group, counter, jitter, fraction))
+
+    pt = top.table("protocol")
+    pname = pt.get("name", str, check=lambda v: v in PROTOCOLS, what=f"one of {list(PROTOCOLS)}")
+    epsilon = pt.get("epsilon", float, check=lambda v: 0 < v <= 50, what="a number in (0, 50]")
+    max_value = pt.get("max_value", float, check=_positive, what="> 0")
+    gran = pt.get("granularity", float, None if pname == NAIVE else ..., check=_positive, what="> 0")
+    if gran is not None:
+        k = max_value / gran
+        if gran > max_value or abs(k - round(k)) > 1e-9 * k:
+            raise ScenarioError(f"protocol.granularity: {gran:g} must divide protocol.max_value {max_value:g}")
+    gamma = pt.get("gamma", float, 0.0, check=lambda v: 0 <= v < 0.5, what="a number in [0, 0.5)")
+    pt.done()
+    protocol = OneBitParams(pname, epsilon, max_value, gran, gamma)
+
+    st = top.table("simulation", default=None)
+    sim = Simulation(
+        cohort_size=st.get("cohort_size", int, 10_000, check=lambda v: v >= 1, what="an integer >= 1"),
+        round_seconds=st.get("round_seconds", float, 86_400.0, check=_positive, what="> 0"),
+    )
+    st.done()
+    nt = top.table("network", default=None)
+    net = NetworkParams(
+        latency=nt.get("latency", float, 0.05, check=lambda v: v >= 0, what=">= 0"),
+        jitter=nt.get("jitter", float, 0.0, check=lambda v: v >= 0, what=">= 0"),
+        loss=nt.get("loss", float, 0.0, check=lambda v: 0 <= v < 1, what="a number in [0, 1)"),
+        deadline=nt.get("deadline", float, 3600.0, check=_positive, what="> 0"),
+    )
+    nt.done()
+    if net.latency >= net.deadline:
+        raise ScenarioError(f"network.latency: {net.latency:g} s leaves no time before the deadline "
+                            f"({net.deadline:g} s)")
+    if net.deadline >= sim.round_seconds:
+        raise ScenarioError(f"network.deadline: {net.deadline:g} s must be shorter than "
+                            f"simulation.round_seconds ({sim.round_seconds:g} s)")
+    top.done()
+    return Scenario(name, seed, rounds, devices, groups, changes, protocol, net, sim, description, data)
+
+
+def _parse_value(text: str) -> Any:
+    """A ``--set`` value: any TOML value (``3``, ``0.5``, ``true``, ``"x"``, ``[1, 2]``), else a bare string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``KEY=VALUE`` overrides with dotted keys (``simulation.cohort_size=1``,
+    ``population.groups.0.share=0.5``) to a copy of ``data``."""
+    import copy
+
+    out = copy.deepcopy(data)
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise ScenarioError(f"--set {item!r}: expected KEY=VALUE")
+        parts = key.strip().split(".")
+        node: Any = out
+        for depth, part in enumerate(parts[:-1]):
+            where = ".".join(parts[:depth + 1])
+            if isinstance(node, list):
+                if not part.isdigit() or int(part) >= len(node):
+                    raise ScenarioError(f"--set {key}: {where} is not an index of the array")
+                node = node[int(part)]
+            elif isinstance(node, dict):
+                node = node.setdefault(part, {})
+            if not isinstance(node, (dict, list)):
+                raise ScenarioError(f"--set {key}: {where} is not a table")
+        last = parts[-1]
+        if isinstance(node, list):
+            if not last.isdigit() or int(last) >= len(node):
+                raise ScenarioError(f"--set {key}: {last} is not an index of the array")
+            node[int(last)] = _parse_value(text)
+        else:
+            node[last] = _parse_value(text)
+    return out
+
+
+def resolve_path(spec: str) -> Path:
+    """A scenario path, or the name of a shipped scenario (``quickstart`` -> scenarios/quickstart.toml)."""
+    p = Path(spec)
+    if p.is_file():
+        return p
+    for candidate in (SHIPPED / spec, SHIPPED / f"{spec}.toml"):
+        if candidate.is_file():
+            return candidate
+    raise ScenarioError(f"scenario {spec!r}: no such file (nor a shipped scenario of that name)")
+
+
+def load(spec: str, overrides: list[str] | None = None) -> Scenario:
+    """Load, override and validate a scenario file."""
+    path = resolve_path(spec)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ScenarioError(f"{path}: not valid TOML: {exc}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ScenarioError(f"{path}: cannot read: {exc}") from None
+    return parse(apply_overrides(data, overrides or []))
