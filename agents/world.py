@@ -8,7 +8,6 @@ clipped before any mechanism sees them, and the clipping is counted). Every draw
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numba as nb
@@ -142,8 +141,3 @@ class World:
         clipped = _values_kernel(ids, self.levels, self.sds, np.uint64(stream_key(self.seed, Purpose.JITTER, day)),
                                  self.max_value, out)
         return out, int(clipped)
-
-    def truth(self) -> tuple[float, int]:
-        """Population mean of the current round's clipped values, summed in device order (deterministic)."""
-        v, clipped = self.values(np.arange(self.n))
-        return float(v.mean()) if self.n else math.nan, clipped

@@ -7,6 +7,7 @@ collector closes the round into an estimate, and the per-round spend distributio
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, TextIO
@@ -20,7 +21,7 @@ from agents.world import World
 from collector.network import Network
 from collector.process import CollectorProcess
 from protocols.ledger import Ledger
-from protocols.onebit import OneBitCollector, OneBitDevices
+from protocols.onebit import OneBitCollector, OneBitDevices, mean_variance
 from scenarios.schema import Scenario
 
 
@@ -32,6 +33,7 @@ class RoundRecord:
     estimate: float
     reports: int
     clipped: int
+    sd_theory: float  # closed-form sd of the estimate given the round's true values and the reports that arrived
 
 
 @dataclass
@@ -91,6 +93,7 @@ def run(scenario: Scenario, events: TextIO | None = None,
              round_epsilon=sc.protocol.round_epsilon)
 
     records: list[RoundRecord] = []
+    all_ids = np.arange(sc.devices)
 
     def clock():
         for r in range(1, sc.rounds + 1):
@@ -100,8 +103,12 @@ def run(scenario: Scenario, events: TextIO | None = None,
             for change in world.advance_to(r):
                 log.info("behavior_change", round=r, group=change.group, fraction=change.fraction)
             result = yield env.process(collector.run_round(r))
-            truth, clipped = world.truth()
-            records.append(RoundRecord(r, env.now, truth, result.estimate, result.reports, clipped))
+            values, clipped = world.values(all_ids)
+            truth = float(values.mean())
+            p = sc.protocol
+            sd = math.sqrt(mean_variance(values, p.epsilon, p.max_value, p.gamma) * sc.devices / result.reports
+                           ) if result.reports else math.nan
+            records.append(RoundRecord(r, env.now, truth, result.estimate, result.reports, clipped, sd))
             spend = ledger.close_round(r, env.now)
             log.info("round_closed", round=r, truth=truth, estimate=result.estimate, reports=result.reports,
                      clipped=clipped, rejected=collector.stats.rejected,

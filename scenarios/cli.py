@@ -1,0 +1,88 @@
+"""The command line: ``ldpsim run SCENARIO [--out DIR] [--set KEY=VALUE ...]``.
+
+Errors in the scenario or the arguments print one line naming what is wrong and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from scenarios.schema import ScenarioError, load
+
+
+def _progress_bar(total: int, enabled: bool):
+    if not enabled:
+        return None, lambda: None
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, unit="round", desc="simulating", file=sys.stderr, dynamic_ncols=True)
+
+    def update(done: int, _total: int) -> None:
+        bar.update(done - bar.n)
+
+    return update, bar.close
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    scenario = load(args.scenario, args.set)
+    if args.out is None:
+        out = Path("runs") / f"{scenario.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    else:
+        out = Path(args.out)
+    if (out / "summary.json").exists() and not args.force:
+        raise ScenarioError(f"--out {out}: holds a finished run; pass --force to overwrite it or choose another")
+    out.mkdir(parents=True, exist_ok=True)
+
+    from scenarios import output, runner  # heavy imports after the arguments are known to be good
+
+    print(f"ldpsim: {scenario.name}: {scenario.devices:,} devices x {scenario.rounds} rounds, "
+          f"{scenario.protocol.name} (eps = {scenario.protocol.epsilon:g}) -> {out}", file=sys.stderr)
+    update, close = _progress_bar(scenario.rounds, not args.quiet)
+    with open(out / "events.jsonl", "w", encoding="utf-8") as events:
+        result = runner.run(scenario, events=events, progress=update)
+    close()
+    summary = output.write_run_dir(result, out, ledger_rows=not args.no_ledger_rows)
+    err, eps = summary["error"], summary["epsilon"]
+    print(f"mean |error| {err['mean_abs']:.4g}, max |error| {err['max_abs']:.4g}; per-device spend: "
+          f"max {eps['max']:.4g}, mean {eps['mean']:.4g}, p99 {eps['p99']:.4g}; "
+          f"messages rejected {summary['messages']['rejected']}; {summary['wall_seconds']:.2f} s")
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="ldpsim", description="Simulate privacy-preserving telemetry collection.")
+    sub = ap.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run a scenario and write a run directory")
+    run.add_argument("scenario", help="a scenario .toml file, or the name of a shipped one (e.g. quickstart)")
+    run.add_argument("--out", help="run directory (default: runs/<name>-<timestamp>)")
+    run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                     help="override a scenario key, e.g. --set simulation.cohort_size=1 --set seed=7")
+    run.add_argument("--force", action="store_true", help="overwrite a finished run in --out")
+    run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.add_argument("--no-ledger-rows", action="store_true",
+                     help="skip ledger.csv (one row per device and charge); spend.csv is always written")
+    run.add_argument("--json", action="store_true", help="also print summary.json")
+    run.set_defaults(func=cmd_run)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ScenarioError as exc:
+        print(f"ldpsim: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("ldpsim: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

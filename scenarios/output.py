@@ -1,0 +1,119 @@
+"""The run directory: summary.json, estimates.csv, ledger.csv, spend.csv, spend_over_time.csv, scenario.json,
+events.jsonl (written during the run) and the plots. summary.json is written last: its presence marks a
+complete run directory."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from scenarios import plots
+from scenarios.runner import RunResult
+
+
+def _fmt(col: np.ndarray | Sequence) -> list[str]:
+    a = np.asarray(col)
+    if a.dtype.kind in "iub":
+        return list(map(str, a.astype(np.int64).tolist()))
+    if a.dtype.kind == "f":
+        return list(map(repr, a.astype(np.float64).tolist()))
+    return list(map(str, a.tolist()))
+
+
+def write_csv(path: Path, header: Sequence[str], columns: Sequence[np.ndarray | Sequence]) -> None:
+    """A plain CSV (pandas, polars and spreadsheets read it) from aligned columns."""
+    with open(path, "w", encoding="utf-8", newline="\n") as f:
+        f.write(",".join(header) + "\n")
+        rows = zip(*(_fmt(c) for c in columns))
+        f.writelines(",".join(r) + "\n" for r in rows)
+
+
+def write_ledger_csv(path: Path, chunks: Iterable[dict]) -> int:
+    """Long-form ledger: one row per (device, charge): device, round, time, reason, amount."""
+    rows = 0
+    with open(path, "w", encoding="utf-8", newline="\n") as f:
+        f.write("device,round,time,reason,amount\n")
+        for ch in chunks:
+            devices = ch["devices"]
+            if devices.size == 0:
+                continue
+            tail = f",{ch['round']},{float(ch['time'])!r},{ch['reason']},{float(ch['amount'])!r}\n"
+            f.write(tail.join(map(str, devices.tolist())) + tail)
+            rows += devices.size
+    return rows
+
+
+def _sha256_bytes(*arrays: np.ndarray) -> str:
+    h = hashlib.sha256()
+    for a in arrays:
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()
+
+
+def summary(result: RunResult) -> dict:
+    sc, recs = result.scenario, result.rounds
+    truth = np.array([r.truth for r in recs])
+    est = np.array([r.estimate for r in recs])
+    err = np.abs(est - truth)
+    finite = err[np.isfinite(err)]
+    stats, traffic = result.collector.stats, result.network.traffic
+    return {
+        "scenario": sc.name,
+        "protocol": sc.protocol.name,
+        "seed": sc.seed,
+        "devices": sc.devices,
+        "rounds": sc.rounds,
+        "cohort_size": sc.simulation.cohort_size,
+        "parameters": {"epsilon": sc.protocol.epsilon, "max_value": sc.protocol.max_value,
+                       "granularity": sc.protocol.granularity, "gamma": sc.protocol.gamma,
+                       "round_epsilon": sc.protocol.round_epsilon},
+        "error": {"mean_abs": float(finite.mean()) if finite.size else None,
+                  "max_abs": float(finite.max()) if finite.size else None,
+                  "rmse": float(np.sqrt(np.mean(finite**2))) if finite.size else None,
+                  "rounds_without_estimate": int(err.size - finite.size)},
+        "epsilon": result.ledger.summary(),
+        "round_epsilon_max": float(result.ledger.round_epsilon.max()) if sc.devices else 0.0,
+        "messages": {"sent": traffic.messages_sent, "delivered": traffic.messages_delivered,
+                     "rejected": stats.rejected, "late": stats.late,
+                     "rejected_by_devices": result.device_rejected},
+        "reports": {"sent": traffic.reports_sent, "lost": traffic.reports_lost,
+                    "accepted": stats.reports_accepted},
+        "clipped_values": int(sum(r.clipped for r in recs)),
+        "digests": {"transcript": result.transcript_digest, "ledger": result.ledger.digest(),
+                    "estimates": _sha256_bytes(np.array([r.round for r in recs], "<i8"), est.astype("<f8"))},
+        "wall_seconds": result.wall_seconds,
+    }
+
+
+def write_run_dir(result: RunResult, out: Path, ledger_rows: bool = True) -> dict:
+    """Write every file of the run directory except events.jsonl (streamed during the run)."""
+    out.mkdir(parents=True, exist_ok=True)
+    sc, recs = result.scenario, result.rounds
+    rounds = np.array([r.round for r in recs])
+    truth = np.array([r.truth for r in recs])
+    est = np.array([r.estimate for r in recs])
+    sd = np.array([r.sd_theory for r in recs])
+    write_csv(out / "estimates.csv", ["round", "truth", "estimate", "error", "theory_sd", "reports", "clipped"],
+              [rounds, truth, est, est - truth, sd, [r.reports for r in recs], [r.clipped for r in recs]])
+    led = result.ledger
+    ids = np.arange(sc.devices)
+    write_csv(out / "spend.csv", ["device", "group", "spend", "round_epsilon"],
+              [ids, np.array([g.name for g in sc.groups])[result.world.group_of(ids)], led.spend,
+               led.round_epsilon])
+    hist = led.history
+    keys = ["round", "min", "mean", "p50", "p90", "p99", "max"]
+    write_csv(out / "spend_over_time.csv", keys, [np.array([h[k] for h in hist]) for k in keys])
+    if ledger_rows:
+        write_ledger_csv(out / "ledger.csv", led.rows())
+    (out / "scenario.json").write_text(json.dumps(sc.raw, indent=2) + "\n", encoding="utf-8")
+    title = f"{sc.name}: {sc.protocol.name}, ε = {sc.protocol.epsilon:g}, n = {sc.devices:,}"
+    plots.estimates_plot(out / "estimates.png", rounds, truth, est, sd, title, [c.round for c in sc.changes])
+    plots.spend_plot(out / "spend.png", hist, led.spend, f"per-device spend: {sc.protocol.name}")
+    s = summary(result)
+    (out / "summary.json").write_text(json.dumps(s, indent=2) + "\n", encoding="utf-8")
+    return s
+

@@ -1,0 +1,61 @@
+"""Run-directory pictures: estimate against truth per round, and per-device spend over time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+
+def estimates_plot(path: Path, rounds: np.ndarray, truth: np.ndarray, estimate: np.ndarray, sd: np.ndarray,
+                   title: str, change_rounds: list[int]) -> None:
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6), sharex=True, height_ratios=(3, 1.3))
+    top.fill_between(rounds, truth - 1.96 * sd, truth + 1.96 * sd, color="tab:blue", alpha=0.15,
+                     label="truth ± 1.96 sd (theory)")
+    top.plot(rounds, truth, color="tab:blue", lw=2, label="truth (population mean)")
+    top.plot(rounds, estimate, "o-", color="tab:orange", ms=3.5, lw=1, label="estimate")
+    for r in change_rounds:
+        for ax in (top, bottom):
+            ax.axvline(r, color="grey", ls=":", lw=1)
+    top.set_ylabel("mean counter")
+    top.set_title(title)
+    top.legend(loc="best", fontsize=8)
+    bottom.axhline(0, color="black", lw=0.8)
+    bottom.fill_between(rounds, -1.96 * sd, 1.96 * sd, color="tab:blue", alpha=0.15)
+    bottom.plot(rounds, estimate - truth, "o-", color="tab:red", ms=3, lw=1)
+    bottom.set_ylabel("estimate − truth")
+    bottom.set_xlabel("round")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def spend_plot(path: Path, history: list[dict[str, float]], final: np.ndarray, title: str) -> None:
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2), width_ratios=(1.6, 1))
+    r = np.array([h["round"] for h in history])
+    if r.size:
+        get = lambda k: np.array([h[k] for h in history])  # noqa: E731
+        left.fill_between(r, get("min"), get("max"), color="tab:purple", alpha=0.12, label="min–max")
+        left.fill_between(r, get("p50"), get("p99"), color="tab:purple", alpha=0.25, label="p50–p99")
+        left.plot(r, get("p50"), color="tab:purple", lw=2, label="median")
+        left.plot(r, get("mean"), color="black", ls="--", lw=1, label="mean")
+    left.set_xlabel("round")
+    left.set_ylabel("cumulative ε per device")
+    left.set_title(title)
+    left.legend(loc="upper left", fontsize=8)
+    values, counts = np.unique(np.round(final, 9), return_counts=True)
+    if values.size <= 40:
+        right.bar([f"{v:g}" for v in values], counts / max(final.size, 1), color="tab:purple")
+        right.tick_params(axis="x", labelrotation=45 if values.size > 8 else 0)
+    else:
+        right.hist(final, bins=40, weights=np.full(final.size, 1 / max(final.size, 1)), color="tab:purple")
+    right.set_xlabel("final cumulative ε")
+    right.set_ylabel("share of devices")
+    right.set_title("spend at the end")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
