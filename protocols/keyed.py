@@ -79,13 +79,40 @@ def uniform2(key, device, sub):
     return _unit(_mix(z + (sub + np.uint64(1)) * np.uint64(GOLDEN)))
 
 
+# Acklam's rational approximation of the inverse normal CDF (relative error < 1.2e-9): pure arithmetic in
+# the central 95%, one log and one sqrt in the tails, so several times cheaper than Box-Muller.
+_A = (-3.969683028665376e01, 2.209460984245205e02, -2.759285104469687e02, 1.383577518672690e02,
+      -3.066479806614716e01, 2.506628277459239e00)
+_B = (-5.447609879822406e01, 1.615858368580409e02, -1.556989798598866e02, 6.680131188771972e01,
+      -1.328068155288572e01)
+_C = (-7.784894002430293e-03, -3.223964580411365e-01, -2.400758277161838e00, -2.549732539343734e00,
+      4.374664141464968e00, 2.938163982698783e00)
+_D = (7.784695709041462e-03, 3.224671290700398e-01, 2.445134137142996e00, 3.754408661907416e00)
+_P_LOW = 0.02425
+
+
+@nb.njit(inline="always")
+def inverse_normal_cdf(p):
+    """Standard normal quantile of p in (0, 1) (Acklam's algorithm)."""
+    if p < _P_LOW:
+        q = math.sqrt(-2.0 * math.log(p))
+        return ((((((_C[0] * q + _C[1]) * q + _C[2]) * q + _C[3]) * q + _C[4]) * q + _C[5])
+                / ((((_D[0] * q + _D[1]) * q + _D[2]) * q + _D[3]) * q + 1.0))
+    if p > 1.0 - _P_LOW:
+        q = math.sqrt(-2.0 * math.log(1.0 - p))
+        return -((((((_C[0] * q + _C[1]) * q + _C[2]) * q + _C[3]) * q + _C[4]) * q + _C[5])
+                 / ((((_D[0] * q + _D[1]) * q + _D[2]) * q + _D[3]) * q + 1.0))
+    q = p - 0.5
+    r = q * q
+    return ((((((_A[0] * r + _A[1]) * r + _A[2]) * r + _A[3]) * r + _A[4]) * r + _A[5]) * q
+            / (((((_B[0] * r + _B[1]) * r + _B[2]) * r + _B[3]) * r + _B[4]) * r + 1.0))
+
+
 @nb.njit(inline="always")
 def normal1(key, device):
-    """One standard normal for (key, device) by Box-Muller on two keyed uniforms."""
+    """One standard normal for (key, device): the inverse CDF of a keyed uniform in (0, 1)."""
     z = _mix(device * np.uint64(GOLDEN) + key)
-    u1 = 1.0 - _unit(z)  # (0, 1]
-    u2 = _unit(_mix(z + np.uint64(GOLDEN)))
-    return math.sqrt(-2.0 * math.log(u1)) * math.cos(2.0 * math.pi * u2)
+    return inverse_normal_cdf((np.float64(z >> np.uint64(11)) + 0.5) * _TWO_M53)
 
 
 @nb.njit(cache=True)

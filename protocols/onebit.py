@@ -47,7 +47,8 @@ def estimate_mean(b: np.ndarray, epsilon: float, m: float, gamma: float = 0.0) -
     if b.size == 0:
         return float("nan")
     e = math.exp(epsilon)
-    total = float(np.sum(b, dtype=np.int64)) if gamma == 0 else float(np.sum(debias(b, gamma)))
+    ones = float(np.count_nonzero(b))
+    total = (ones - b.size * gamma) / (1.0 - 2.0 * gamma)  # = sum of debias(b): affine in the count of ones
     return m / b.size * (total * (e + 1.0) - b.size) / (e - 1.0)
 
 
@@ -62,10 +63,14 @@ def mean_variance(x: np.ndarray, epsilon: float, m: float, gamma: float = 0.0) -
     :func:`rrpm_variance`.
     """
     x = np.asarray(x, dtype=np.float64)
+    n = x.size
     e = math.exp(epsilon)
-    q = gamma + (1.0 - 2.0 * gamma) * p_one(x, epsilon, m)
+    # q_i = A + B x_i is affine, so sum q(1 - q) = n A(1 - A) + B(1 - 2A) sum x - B^2 sum x^2 (two passes).
+    a = gamma + (1.0 - 2.0 * gamma) / (e + 1.0)
+    b = (1.0 - 2.0 * gamma) * (e - 1.0) / (e + 1.0) / m
+    sum_q = n * a * (1 - a) + b * (1 - 2 * a) * float(x.sum()) - b * b * float(np.dot(x, x))
     c = m * (e + 1.0) / (e - 1.0) / (1.0 - 2.0 * gamma)
-    return float(c * c * np.sum(q * (1.0 - q)) / x.size**2)
+    return c * c * max(sum_q, 0.0) / n**2
 
 
 def rrpm_variance(x: np.ndarray, epsilon: float, m: float, s: float, gamma: float = 0.0) -> float:
@@ -252,9 +257,14 @@ class OneBitCollector:
             return 0
         if int(ids[-1]) >= self.n_devices:
             raise ProtocolError(f"device id {int(ids[-1])} is not registered (population {self.n_devices})")
-        if np.any(self._bits[ids] >= 0):
+        lo, hi = int(ids[0]), int(ids[-1])
+        target = self._bits[lo:hi + 1] if hi - lo + 1 == ids.size else None  # contiguous ids: a view
+        if np.any((target if target is not None else self._bits[ids]) >= 0):
             raise ProtocolError("batch repeats a device that already reported this round")
-        self._bits[ids] = b
+        if target is not None:
+            target[:] = b
+        else:
+            self._bits[ids] = b
         return int(ids.size)
 
     def close_round(self) -> RoundResult:

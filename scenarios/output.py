@@ -15,6 +15,9 @@ from scenarios import plots
 from scenarios.runner import RunResult
 
 
+CSV_CHUNK = 200_000
+
+
 def _fmt(col: np.ndarray | Sequence) -> list[str]:
     a = np.asarray(col)
     if a.dtype.kind in "iub":
@@ -26,10 +29,12 @@ def _fmt(col: np.ndarray | Sequence) -> list[str]:
 
 def write_csv(path: Path, header: Sequence[str], columns: Sequence[np.ndarray | Sequence]) -> None:
     """A plain CSV (pandas, polars and spreadsheets read it) from aligned columns."""
+    n = len(columns[0]) if columns else 0
     with open(path, "w", encoding="utf-8", newline="\n") as f:
         f.write(",".join(header) + "\n")
-        rows = zip(*(_fmt(c) for c in columns))
-        f.writelines(",".join(r) + "\n" for r in rows)
+        for lo in range(0, n, CSV_CHUNK):  # chunked: a row as Python strings costs ~60 bytes a field
+            rows = zip(*(_fmt(c[lo:lo + CSV_CHUNK]) for c in columns))
+            f.writelines(",".join(r) + "\n" for r in rows)
 
 
 def write_ledger_csv(path: Path, chunks: Iterable[dict]) -> int:
@@ -42,7 +47,8 @@ def write_ledger_csv(path: Path, chunks: Iterable[dict]) -> int:
             if devices.size == 0:
                 continue
             tail = f",{ch['round']},{float(ch['time'])!r},{ch['reason']},{float(ch['amount'])!r}\n"
-            f.write(tail.join(map(str, devices.tolist())) + tail)
+            for lo in range(0, devices.size, CSV_CHUNK):
+                f.write(tail.join(map(str, devices[lo:lo + CSV_CHUNK].tolist())) + tail)
             rows += devices.size
     return rows
 
