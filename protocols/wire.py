@@ -24,7 +24,7 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 MAX_ELEMENTS = 1 << 25
 MAX_COLUMNS = 16
 MAX_ROUND = 2**31 - 1
-_NAME = re.compile(r"^[a-z0-9][a-z0-9_\-]{0,63}$")
+_NAME = re.compile(r"^[a-z0-9][a-z0-9_\-]{0,63}\Z")  # \Z: "$" would also match before a trailing newline
 _HEADER = struct.Struct("<BI")
 
 # code -> (name, numpy dtype or None for packed bits)
@@ -174,10 +174,10 @@ def decode(data: bytes, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
     if not isinstance(obj, dict):
         raise WireError(f"message must be a map, got {type(obj).__name__}")
     version = obj.get("v")
-    if version != VERSION:
+    if type(version) is not int or version != VERSION:  # not True, 1.0 or an array (no ambiguous truth value)
         raise WireError(f"unsupported wire version {version!r:.40} (this end speaks {VERSION})")
     kind = obj.get("type")
-    if kind not in MESSAGE_TYPES:
+    if not isinstance(kind, str) or kind not in MESSAGE_TYPES:  # an unhashable list/map/array is no type name
         raise WireError(f"unknown message type {kind!r:.40}")
     fields = _FIELDS[kind]
     body = {k: v for k, v in obj.items() if k not in ("v", "type")}

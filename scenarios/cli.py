@@ -29,6 +29,8 @@ def _progress_bar(total: int, enabled: bool):
 
 def cmd_run(args: argparse.Namespace) -> int:
     scenario = load(args.scenario, args.set)
+    for warning in scenario.warnings:
+        print(f"ldpsim: warning: {warning}", file=sys.stderr)
     if args.out is None:
         out = Path("runs") / f"{scenario.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     else:

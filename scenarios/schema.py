@@ -44,6 +44,7 @@ class Scenario:
     simulation: Simulation
     description: str = ""
     raw: dict[str, Any] = field(default_factory=dict, repr=False)  # the validated input, for the run directory
+    warnings: list[str] = field(default_factory=list)  # valid but probably not what was meant
 
 
 # ----------------------------------------------------------------------------------------------- helpers
@@ -148,10 +149,12 @@ def parse(data: dict[str, Any]) -> Scenario:
     if abs(total - 1.0) > 1e-9:
         raise ScenarioError(f"population.groups: shares must sum to 1, they sum to {total:g}")
 
-    changes = []
+    changes, warnings = [], []
     for i, c in enumerate(top.get("changes", list, [])):
         t = _Table(c, f"changes[{i}]")
-        rnd = t.get("round", int, check=lambda v: 1 <= v <= rounds, what=f"a round in [1, {rounds}]")
+        rnd = t.get("round", int, check=lambda v: 1 <= v <= 100_000, what="a round >= 1")
+        if rnd > rounds:
+            warnings.append(f"changes[{i}].round: {rnd} is after the last round ({rounds}); it will not happen")
         group = t.get("group", str, check=lambda v: v in names, what=f"one of the groups {names}")
         counter = _dist(t.table("counter")) if "counter" in c else None
         jitter = _jitter(t.table("jitter")) if "jitter" in c else None
@@ -196,7 +199,7 @@ def parse(data: dict[str, Any]) -> Scenario:
         raise ScenarioError(f"network.deadline: {net.deadline:g} s must be shorter than "
                             f"simulation.round_seconds ({sim.round_seconds:g} s)")
     top.done()
-    return Scenario(name, seed, rounds, devices, groups, changes, protocol, net, sim, description, data)
+    return Scenario(name, seed, rounds, devices, groups, changes, protocol, net, sim, description, data, warnings)
 
 
 def _parse_value(text: str) -> Any:
