@@ -60,7 +60,8 @@ class Change:
 
 def split_shares(n: int, shares: list[float]) -> np.ndarray:
     """Group boundaries: contiguous id blocks with sizes by largest remainder, so sizes sum to n exactly."""
-    raw = np.asarray(shares, dtype=np.float64) * n
+    weights = np.asarray(shares, dtype=np.float64)
+    raw = weights / weights.sum() * n  # normalized: shares that sum to 1 within tolerance still cover all n
     sizes = np.floor(raw).astype(np.int64)
     short = n - int(sizes.sum())
     if short > 0:

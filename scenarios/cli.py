@@ -37,7 +37,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         out = Path(args.out)
     if (out / "summary.json").exists() and not args.force:
         raise ScenarioError(f"--out {out}: holds a finished run; pass --force to overwrite it or choose another")
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ScenarioError(f"--out {out}: cannot create the run directory: {exc.strerror or exc}") from None
+    (out / "summary.json").unlink(missing_ok=True)  # --force: the old run stops being complete from here on
 
     from scenarios import output, runner  # heavy imports after the arguments are known to be good
 

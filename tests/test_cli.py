@@ -1,0 +1,308 @@
+"""The command line: ``ldpsim run`` writes a complete, self-consistent run directory; runs are reproducible
+from the seed; errors are one line on stderr with exit status 2 and no traceback."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from scenarios import schema
+from scenarios.cli import main
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+RUN_FILES = ["summary.json", "estimates.csv", "ledger.csv", "spend.csv", "spend_over_time.csv", "scenario.json",
+             "events.jsonl", "estimates.png", "spend.png"]
+SMALL = ["--set", "population.devices=2000", "--set", "simulation.cohort_size=700"]
+
+
+def read_csv(path: Path) -> tuple[list[str], list[dict[str, str]]]:
+    with open(path, newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        return list(reader.fieldnames or []), list(reader)
+
+
+def summary_of(out: Path) -> dict:
+    return json.loads((out / "summary.json").read_text(encoding="utf-8"))
+
+
+# ------------------------------------------------------------------------------------- the quickstart run
+@pytest.fixture(scope="module")
+def quickstart_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cli") / "qs"
+    rc = main(["run", "quickstart", "--out", str(out), "--quiet"])
+    return rc, out
+
+
+def test_run_exits_zero_and_writes_every_file(quickstart_run):
+    rc, out = quickstart_run
+    assert rc == 0
+    for name in RUN_FILES:
+        assert (out / name).is_file(), name
+        assert (out / name).stat().st_size > 0, name
+    for name in ("estimates.png", "spend.png"):
+        assert (out / name).read_bytes()[:8] == PNG_MAGIC, name
+
+
+def test_summary_keys(quickstart_run):
+    _, out = quickstart_run
+    s = summary_of(out)
+    for key in ("protocol", "seed", "devices", "rounds", "error", "epsilon", "messages", "digests", "wall_seconds"):
+        assert key in s, key
+    assert set(s["error"]) >= {"mean_abs", "max_abs"}
+    assert set(s["epsilon"]) >= {"max", "mean", "p50", "p99"}
+    assert set(s["messages"]) >= {"sent", "delivered", "rejected"}
+    assert set(s["digests"]) >= {"transcript", "ledger", "estimates"}
+    assert (s["protocol"], s["seed"], s["devices"], s["rounds"]) == ("1bitrrpm", 42, 20_000, 14)
+    for d in s["digests"].values():
+        assert isinstance(d, str) and len(d) == 64 and int(d, 16) >= 0
+    assert isinstance(s["wall_seconds"], float) and s["wall_seconds"] > 0
+    assert 0 <= s["error"]["mean_abs"] <= s["error"]["max_abs"]
+    assert s["messages"]["delivered"] <= s["messages"]["sent"]
+    assert 0 < s["epsilon"]["mean"] <= s["epsilon"]["max"]
+    assert s["epsilon"]["p50"] <= s["epsilon"]["p99"] <= s["epsilon"]["max"]
+
+
+def test_scenario_json_is_the_validated_input(quickstart_run):
+    _, out = quickstart_run
+    written = json.loads((out / "scenario.json").read_text(encoding="utf-8"))
+    assert written == schema.load("quickstart").raw
+    assert schema.parse(written).name == "quickstart"  # and it can be run again
+
+
+def test_estimates_csv_one_row_per_round(quickstart_run):
+    _, out = quickstart_run
+    header, rows = read_csv(out / "estimates.csv")
+    assert header[:3] == ["round", "truth", "estimate"]
+    assert [int(r["round"]) for r in rows] == list(range(1, 15))
+    s = summary_of(out)
+    errors = [abs(float(r["estimate"]) - float(r["truth"])) for r in rows]
+    assert s["error"]["mean_abs"] == pytest.approx(np.mean(errors), rel=1e-12)
+    assert s["error"]["max_abs"] == pytest.approx(max(errors), rel=1e-12)
+    # the light users' usage doubles at round 8: the truth must show it
+    truth = [float(r["truth"]) for r in rows]
+    assert np.mean(truth[7:]) - np.mean(truth[:7]) > 1000
+
+
+def test_events_jsonl(quickstart_run):
+    _, out = quickstart_run
+    lines = (out / "events.jsonl").read_text(encoding="utf-8").splitlines()
+    assert lines
+    events = [json.loads(line) for line in lines]
+    for e in events:
+        assert isinstance(e["sim_time"], (int, float)) and not isinstance(e["sim_time"], bool), e
+        assert math.isfinite(e["sim_time"])
+    times = [e["sim_time"] for e in events]
+    assert times == sorted(times)  # simulated time never goes back
+    closed = [e for e in events if e["event"] == "round_closed"]
+    assert [e["round"] for e in closed] == list(range(1, 15))
+    assert events[0]["event"] == "run_started" and events[-1]["event"] == "run_finished"
+    # the logged estimates are the ones in estimates.csv
+    _, rows = read_csv(out / "estimates.csv")
+    assert [e["estimate"] for e in closed] == [float(r["estimate"]) for r in rows]
+    assert [e["truth"] for e in closed] == [float(r["truth"]) for r in rows]
+
+
+def test_ledger_agrees_with_spend(quickstart_run):
+    _, out = quickstart_run
+    _, spend_rows = read_csv(out / "spend.csv")
+    spend = {int(r["device"]): float(r["spend"]) for r in spend_rows}
+    assert sorted(spend) == list(range(20_000))  # every device, once
+    header, ledger_rows = read_csv(out / "ledger.csv")
+    assert header == ["device", "round", "time", "reason", "amount"]
+    assert ledger_rows
+    total = defaultdict(float)
+    for r in ledger_rows:  # summed in file order, as the ledger accumulated them
+        total[int(r["device"])] += float(r["amount"])
+        assert 1 <= int(r["round"]) <= 14
+    assert set(total) <= set(spend)
+    mismatched = [d for d, s in spend.items() if total.get(d, 0.0) != s]
+    assert not mismatched, [(d, total.get(d, 0.0), spend[d]) for d in mismatched[:5]]
+    # and the summary's spend statistics are those of spend.csv
+    values = np.array([spend[d] for d in range(20_000)])
+    eps = summary_of(out)["epsilon"]
+    assert eps["max"] == values.max()
+    assert eps["mean"] == pytest.approx(values.mean(), rel=1e-12)
+    assert eps["p50"] == pytest.approx(np.quantile(values, 0.5), rel=1e-12)
+    assert eps["p99"] == pytest.approx(np.quantile(values, 0.99), rel=1e-12)
+    assert values.max() > values.min()  # memoization: devices differ in how many grid values they revealed
+
+
+def test_spend_over_time_matches_the_end(quickstart_run):
+    _, out = quickstart_run
+    _, rows = read_csv(out / "spend_over_time.csv")
+    assert [int(r["round"]) for r in rows] == list(range(1, 15))
+    eps = summary_of(out)["epsilon"]
+    assert float(rows[-1]["max"]) == eps["max"]
+    assert float(rows[-1]["mean"]) == pytest.approx(eps["mean"], rel=1e-12)
+    means = [float(r["mean"]) for r in rows]
+    assert means == sorted(means)  # cumulative spend never decreases
+
+
+# --------------------------------------------------------------------------------------------- determinism
+def _digests(out: Path, seed: int, capsys) -> dict:
+    assert main(["run", "quickstart", "--out", str(out), "--quiet", "--set", f"seed={seed}", *SMALL]) == 0
+    capsys.readouterr()
+    s = summary_of(out)
+    assert s["seed"] == seed and s["devices"] == 2000
+    return s["digests"]
+
+
+def test_same_seed_same_digests_other_seed_differs(tmp_path, capsys):
+    a = _digests(tmp_path / "a", 5, capsys)
+    b = _digests(tmp_path / "b", 5, capsys)
+    c = _digests(tmp_path / "c", 6, capsys)
+    assert a == b
+    for k in ("transcript", "ledger", "estimates"):
+        assert a[k] != c[k], k
+    assert (tmp_path / "a" / "estimates.csv").read_bytes() == (tmp_path / "b" / "estimates.csv").read_bytes()
+    assert (tmp_path / "a" / "ledger.csv").read_bytes() == (tmp_path / "b" / "ledger.csv").read_bytes()
+
+
+def test_digests_do_not_depend_on_cohort_size(tmp_path, capsys):
+    base = ["run", "quickstart", "--quiet", "--set", "seed=9", "--set", "population.devices=1500"]
+    assert main([*base, "--out", str(tmp_path / "a"), "--set", "simulation.cohort_size=1500"]) == 0
+    assert main([*base, "--out", str(tmp_path / "b"), "--set", "simulation.cohort_size=101"]) == 0
+    capsys.readouterr()
+    assert summary_of(tmp_path / "a")["digests"] == summary_of(tmp_path / "b")["digests"]
+
+
+def test_small_run_cohort_size_one(tmp_path, capsys):
+    out = tmp_path / "small"
+    rc = main(["run", "quickstart", "--out", str(out), "--quiet", "--json", "--set", "simulation.cohort_size=1",
+               "--set", "population.devices=300", "--set", "rounds=3"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    s = summary_of(out)
+    assert (s["devices"], s["rounds"], s["cohort_size"]) == (300, 3, 1)
+    _, rows = read_csv(out / "estimates.csv")
+    assert len(rows) == 3
+    _, spend = read_csv(out / "spend.csv")
+    assert len(spend) == 300
+    events = [json.loads(line) for line in (out / "events.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert events[0]["cohorts"] == 300
+    assert sum(e["event"] == "round_closed" for e in events) == 3
+    # --json prints the summary
+    assert json.loads(captured.out[captured.out.index("{"):]) == s
+    # the change at round 8 no longer happens within 3 rounds: a warning, not an error
+    assert "warning: changes[0].round" in captured.err
+
+
+def test_no_ledger_rows(tmp_path, capsys):
+    out = tmp_path / "r"
+    assert main(["run", "quickstart", "--out", str(out), "--quiet", "--no-ledger-rows", *SMALL]) == 0
+    capsys.readouterr()
+    assert not (out / "ledger.csv").exists()
+    assert (out / "spend.csv").is_file() and (out / "summary.json").is_file()
+
+
+# -------------------------------------------------------------------------------------------------- errors
+def _cli() -> list[str]:
+    script = Path(sys.executable).with_name("ldpsim")
+    if script.is_file() and os.access(script, os.X_OK):
+        return [str(script)]
+    return [sys.executable, "-m", "scenarios.cli"]
+
+
+def ldpsim(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([*_cli(), *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def assert_clean_error(p: subprocess.CompletedProcess, *needles: str) -> None:
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    assert "Traceback" not in p.stderr, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ldpsim: error: "), p.stderr
+    for needle in needles:
+        assert needle in p.stderr, (needle, p.stderr)
+
+
+def test_bad_scenario_file(tmp_path):
+    text = (schema.SHIPPED / "quickstart.toml").read_text(encoding="utf-8")
+    assert "share = 0.7" in text
+    bad = tmp_path / "bad.toml"
+    bad.write_text(text.replace("share = 0.7", "share = 0.6"), encoding="utf-8")
+    p = ldpsim("run", str(bad), "--out", str(tmp_path / "out"), "--quiet", cwd=tmp_path)
+    assert_clean_error(p, "population.groups", "sum to 1", "0.9")
+    assert not (tmp_path / "out").exists()
+
+
+def test_bad_set(tmp_path):
+    p = ldpsim("run", "quickstart", "--out", str(tmp_path / "out"), "--quiet", "--set", "protocol.epsilon=-1",
+               cwd=tmp_path)
+    assert_clean_error(p, "protocol.epsilon")
+    assert not (tmp_path / "out").exists()
+
+
+def test_bad_set_form(tmp_path):
+    p = ldpsim("run", "quickstart", "--out", str(tmp_path / "out"), "--set", "population.groups.7.share=1",
+               cwd=tmp_path)
+    assert_clean_error(p, "population.groups.7")
+
+
+def test_nonexistent_scenario(tmp_path):
+    missing = str(tmp_path / "nowhere" / "missing.toml")
+    p = ldpsim("run", missing, "--out", str(tmp_path / "out"), cwd=tmp_path)
+    assert_clean_error(p, missing)
+    assert not (tmp_path / "out").exists()
+
+
+def test_finished_run_needs_force(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["run", "quickstart", "--out", str(out), "--quiet", "--set", "seed=1", *SMALL]) == 0
+    capsys.readouterr()
+    before = {name: (out / name).read_bytes() for name in ("summary.json", "events.jsonl", "estimates.csv")}
+    p = ldpsim("run", "quickstart", "--out", str(out), "--quiet", "--set", "seed=2", *SMALL, cwd=tmp_path)
+    assert_clean_error(p, "--out", "--force")
+    for name, data in before.items():
+        assert (out / name).read_bytes() == data, name  # the finished run is untouched
+    rc = main(["run", "quickstart", "--out", str(out), "--quiet", "--force", "--set", "seed=2", *SMALL])
+    capsys.readouterr()
+    assert rc == 0
+    assert summary_of(out)["seed"] == 2
+    assert (out / "summary.json").read_bytes() != before["summary.json"]
+
+
+def test_out_without_summary_is_reused(tmp_path, capsys):
+    """A directory without summary.json (an unfinished run, or just empty) is not a finished run."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "events.jsonl").write_text("stale\n", encoding="utf-8")
+    assert main(["run", "quickstart", "--out", str(out), "--quiet", *SMALL]) == 0
+    capsys.readouterr()
+    assert "stale" not in (out / "events.jsonl").read_text(encoding="utf-8")
+    assert (out / "summary.json").is_file()
+
+
+def test_out_that_is_a_file(tmp_path):
+    """--out naming an existing file is an argument error (one line, exit 2), not a traceback."""
+    target = tmp_path / "afile"
+    target.write_text("not a directory\n", encoding="utf-8")
+    p = ldpsim("run", "quickstart", "--out", str(target), "--quiet", *SMALL, cwd=tmp_path)
+    assert_clean_error(p, "--out", str(target))
+    assert target.read_text(encoding="utf-8") == "not a directory\n"
+
+
+def test_forced_run_that_fails_leaves_no_summary(tmp_path, capsys, monkeypatch):
+    """summary.json marks a complete run directory: once --force starts overwriting a finished run, the old
+    summary.json must not survive next to the new, unfinished files."""
+    from scenarios import runner
+
+    out = tmp_path / "run"
+    assert main(["run", "quickstart", "--out", str(out), "--quiet", *SMALL]) == 0
+
+    def interrupted(*_args, **_kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "run", interrupted)
+    assert main(["run", "quickstart", "--out", str(out), "--quiet", "--force", *SMALL]) == 130
+    capsys.readouterr()
+    assert not (out / "summary.json").exists()

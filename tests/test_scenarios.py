@@ -1,0 +1,503 @@
+"""Scenario files: loading the shipped scenarios, strict validation with errors that name the field,
+``--set`` overrides, and the world model (group split, scripted changes, clipping, jitter)."""
+
+from __future__ import annotations
+
+import copy
+import math
+import tomllib
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agents.world import Change, Dist, Group, World, split_shares
+from protocols import keyed
+from protocols.keyed import Purpose, stream_key
+from scenarios import schema
+from scenarios.schema import ScenarioError, apply_overrides, load, parse
+
+SHIPPED = sorted(schema.SHIPPED.glob("*.toml"))
+
+
+def quickstart_dict() -> dict:
+    return tomllib.loads((schema.SHIPPED / "quickstart.toml").read_text(encoding="utf-8"))
+
+
+# ------------------------------------------------------------------------------------ shipped scenarios
+def test_there_are_shipped_scenarios():
+    names = {p.name for p in SHIPPED}
+    assert {"quickstart.toml", "app_usage_31d.toml"} <= names
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
+def test_shipped_scenario_loads_by_path(path):
+    raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    sc = load(str(path))
+    assert sc.name == raw["name"]
+    assert sc.rounds == raw["rounds"]
+    assert sc.devices == raw["population"]["devices"]
+    assert [g.name for g in sc.groups] == [g["name"] for g in raw["population"]["groups"]]
+    assert math.isclose(sum(g.share for g in sc.groups), 1.0)
+    assert len(sc.changes) == len(raw.get("changes", []))
+    assert sc.protocol.name == raw["protocol"]["name"]
+    assert sc.protocol.epsilon == raw["protocol"]["epsilon"]
+    assert sc.raw == raw  # the validated input, kept for the run directory
+
+
+def test_quickstart_loads_by_shipped_name():
+    sc = load("quickstart")
+    assert sc.name == "quickstart"
+    assert sc.seed == 42 and sc.rounds == 14 and sc.devices == 20_000
+    assert [(g.name, g.share) for g in sc.groups] == [("light", 0.7), ("heavy", 0.3)]
+    light = sc.groups[0]
+    assert light.counter == Dist("normal", mean=1800.0, sd=600.0) and light.jitter_sd == 300.0
+    assert sc.groups[1].counter == Dist("uniform", low=7200.0, high=21600.0)
+    assert sc.changes == [Change(8, "light", Dist("normal", mean=3600.0, sd=600.0), None, 1.0)]
+    p = sc.protocol
+    assert (p.name, p.epsilon, p.max_value, p.granularity, p.gamma) == ("1bitrrpm", 1.0, 86400.0, 3600.0, 0.1)
+    assert sc.network.latency == 0.05 and sc.network.loss == 0.01 and sc.network.deadline == 3600.0
+    assert sc.simulation.cohort_size == 5000 and sc.simulation.round_seconds == 86_400.0
+    # the same file, by name with the extension
+    assert load("quickstart.toml") == sc
+
+
+def test_load_applies_overrides():
+    sc = load("quickstart", ["seed=7", "population.devices=300", "simulation.cohort_size=1"])
+    assert (sc.seed, sc.devices, sc.simulation.cohort_size) == (7, 300, 1)
+
+
+def test_load_unknown_scenario_names_it():
+    with pytest.raises(ScenarioError) as ei:
+        load("no-such-scenario-xyz")
+    assert "no-such-scenario-xyz" in str(ei.value)
+
+
+def test_load_invalid_toml(tmp_path):
+    p = tmp_path / "bad.toml"
+    p.write_text("name = \n", encoding="utf-8")
+    with pytest.raises(ScenarioError) as ei:
+        load(str(p))
+    assert str(ei.value).startswith(str(p))
+    assert "not valid TOML" in str(ei.value)
+
+
+# ------------------------------------------------------------------------------------- bad scenarios
+def _set(path: tuple, value):
+    def mutate(d):
+        node = d
+        for k in path[:-1]:
+            node = node[k]
+        node[path[-1]] = value
+    return mutate
+
+
+def _del(path: tuple):
+    def mutate(d):
+        node = d
+        for k in path[:-1]:
+            node = node[k]
+        del node[path[-1]]
+    return mutate
+
+
+def _shares(*shares):
+    def mutate(d):
+        for g, s in zip(d["population"]["groups"], shares):
+            g["share"] = s
+    return mutate
+
+
+def _no_change_payload(d):
+    del d["changes"][0]["counter"]
+
+
+def _duplicate_names(d):
+    d["population"]["groups"][1]["name"] = "light"
+
+
+G0, G1 = ("population", "groups", 0), ("population", "groups", 1)
+
+BAD = [
+    # (id, mutation, field path the message must start with)
+    ("unknown-top-level-key", _set(("colour",), "blue"), "colour"),
+    ("unknown-protocol-key", _set(("protocol", "delta"), 1e-6), "protocol.delta"),
+    ("unknown-group-key", _set(G0 + ("weight",), 2), "population.groups[0].weight"),
+    ("unknown-counter-key", _set(G0 + ("counter", "low"), 3), "population.groups[0].counter.low"),
+    ("unknown-network-key", _set(("network", "bandwidth"), 10), "network.bandwidth"),
+    ("unknown-change-key", _set(("changes", 0, "when"), 3), "changes[0].when"),
+    ("epsilon-string", _set(("protocol", "epsilon"), "1.0"), "protocol.epsilon"),
+    ("rounds-float", _set(("rounds",), 14.5), "rounds"),
+    ("rounds-integral-float", _set(("rounds",), 14.0), "rounds"),
+    ("devices-bool", _set(("population", "devices"), True), "population.devices"),
+    ("seed-string", _set(("seed",), "42"), "seed"),
+    ("groups-not-array", _set(("population", "groups"), {"name": "x"}), "population.groups"),
+    ("group-not-table", _set(G0, 0.7), "population.groups[0]"),
+    ("shares-sum-0.9", _shares(0.6, 0.3), "population.groups"),
+    ("shares-sum-1.1", _shares(0.8, 0.3), "population.groups"),
+    ("share-zero", _shares(0.0, 1.0), "population.groups[0].share"),
+    ("share-above-1", _shares(1.2, 0.3), "population.groups[0].share"),
+    ("duplicate-group-names", _duplicate_names, "population.groups"),
+    ("granularity-not-dividing", _set(("protocol", "granularity"), 7000), "protocol.granularity"),
+    ("granularity-above-max", _set(("protocol", "granularity"), 172800), "protocol.granularity"),
+    ("granularity-missing-rrpm", _del(("protocol", "granularity")), "protocol.granularity"),
+    ("gamma-0.5", _set(("protocol", "gamma"), 0.5), "protocol.gamma"),
+    ("gamma-0.7", _set(("protocol", "gamma"), 0.7), "protocol.gamma"),
+    ("epsilon-zero", _set(("protocol", "epsilon"), 0), "protocol.epsilon"),
+    ("epsilon-negative", _set(("protocol", "epsilon"), -1.0), "protocol.epsilon"),
+    ("epsilon-inf", _set(("protocol", "epsilon"), math.inf), "protocol.epsilon"),
+    ("protocol-unknown", _set(("protocol", "name"), "rappor"), "protocol.name"),
+    ("dist-unknown", _set(G0 + ("counter", "dist"), "poisson"), "population.groups[0].counter.dist"),
+    ("uniform-high-below-low", _set(G1 + ("counter", "high"), 100), "population.groups[1].counter.high"),
+    ("counter-sd-negative", _set(G0 + ("counter", "sd"), -1), "population.groups[0].counter.sd"),
+    ("jitter-sd-negative", _set(G0 + ("jitter", "sd"), -5), "population.groups[0].jitter.sd"),
+    ("jitter-dist-unknown", _set(G0 + ("jitter", "dist"), "uniform"), "population.groups[0].jitter.dist"),
+    ("change-round-zero", _set(("changes", 0, "round"), 0), "changes[0].round"),
+    ("change-round-negative", _set(("changes", 0, "round"), -3), "changes[0].round"),
+    ("change-round-too-large", _set(("changes", 0, "round"), 100_001), "changes[0].round"),
+    ("change-round-float", _set(("changes", 0, "round"), 8.5), "changes[0].round"),
+    ("change-group-unknown", _set(("changes", 0, "group"), "medium"), "changes[0].group"),
+    ("change-without-payload", _no_change_payload, "changes[0]"),
+    ("change-fraction-zero", _set(("changes", 0, "fraction"), 0), "changes[0].fraction"),
+    ("deadline-equals-round", _set(("network", "deadline"), 86_400), "network.deadline"),
+    ("deadline-above-round", _set(("network", "deadline"), 100_000), "network.deadline"),
+    ("latency-equals-deadline", _set(("network", "latency"), 3600), "network.latency"),
+    ("latency-above-deadline", _set(("network", "latency"), 5000), "network.latency"),
+    ("loss-one", _set(("network", "loss"), 1.0), "network.loss"),
+    ("loss-negative", _set(("network", "loss"), -0.1), "network.loss"),
+    ("cohort-size-zero", _set(("simulation", "cohort_size"), 0), "simulation.cohort_size"),
+    ("round-seconds-zero", _set(("simulation", "round_seconds"), 0), "simulation.round_seconds"),
+    ("missing-name", _del(("name",)), "name"),
+    ("empty-name", _set(("name",), ""), "name"),
+    ("missing-rounds", _del(("rounds",)), "rounds"),
+    ("missing-population", _del(("population",)), "population"),
+    ("missing-protocol", _del(("protocol",)), "protocol"),
+    ("missing-devices", _del(("population", "devices")), "population.devices"),
+    ("missing-epsilon", _del(("protocol", "epsilon")), "protocol.epsilon"),
+    ("population-not-table", _set(("population",), 5), "population"),
+]
+
+
+def test_quickstart_dict_is_valid():
+    """The base every bad case mutates must itself be valid, or the table below proves nothing."""
+    parse(quickstart_dict())
+
+
+@pytest.mark.parametrize("mutate, field", [b[1:] for b in BAD], ids=[b[0] for b in BAD])
+def test_bad_scenario_names_the_field(mutate, field):
+    data = quickstart_dict()
+    mutate(data)
+    with pytest.raises(ScenarioError) as ei:
+        parse(data)
+    msg = str(ei.value)
+    assert msg.startswith(field + ":"), msg
+
+
+def test_granularity_is_optional_for_naive():
+    data = quickstart_dict()
+    data["protocol"]["name"] = "1bitmean"
+    del data["protocol"]["granularity"]
+    sc = parse(data)
+    assert sc.protocol.name == "1bitmean" and sc.protocol.granularity is None
+
+
+def test_change_with_jitter_only_is_valid():
+    data = quickstart_dict()
+    del data["changes"][0]["counter"]
+    data["changes"][0]["jitter"] = {"dist": "none"}
+    data["changes"][0]["fraction"] = 0.5
+    sc = parse(data)
+    assert sc.changes == [Change(8, "light", None, 0.0, 0.5)]
+
+
+def test_integers_are_accepted_as_numbers():
+    data = quickstart_dict()
+    data["protocol"]["epsilon"] = 2
+    data["network"]["loss"] = 0
+    sc = parse(data)
+    assert sc.protocol.epsilon == 2.0 and isinstance(sc.protocol.epsilon, float)
+    assert sc.network.loss == 0.0
+
+
+# ---------------------------------------------------------------------------------------- overrides
+def test_overrides_dotted_keys():
+    data = quickstart_dict()
+    out = apply_overrides(data, ["protocol.epsilon=2.5", "simulation.cohort_size=1", "seed=7"])
+    assert out["protocol"]["epsilon"] == 2.5
+    assert out["simulation"]["cohort_size"] == 1
+    assert out["seed"] == 7
+
+
+def test_overrides_create_missing_tables():
+    data = quickstart_dict()
+    del data["simulation"]
+    out = apply_overrides(data, ["simulation.round_seconds=7200"])
+    assert out["simulation"] == {"round_seconds": 7200}
+
+
+def test_overrides_list_index():
+    data = quickstart_dict()
+    out = apply_overrides(data, ["population.groups.0.share=0.5", "population.groups.1.share=0.5"])
+    assert [g["share"] for g in out["population"]["groups"]] == [0.5, 0.5]
+    assert out["population"]["groups"][0]["name"] == "light"  # the rest of the table is kept
+    out = apply_overrides(data, ["changes.0.round=3"])
+    assert out["changes"][0]["round"] == 3
+    assert parse(out).changes[0].round == 3
+
+
+def test_overrides_replace_list_element():
+    out = apply_overrides({"a": [1, 2, 3]}, ["a.1=20"])
+    assert out == {"a": [1, 20, 3]}
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("3", 3),
+    ("-4", -4),
+    ("0.5", 0.5),
+    ("1e3", 1000.0),
+    ("true", True),
+    ("false", False),
+    ('"hello"', "hello"),
+    ('"3"', "3"),
+    ("'7'", "7"),
+    ("1bitmean", "1bitmean"),  # bare string: not valid TOML
+    ("hello world", "hello world"),
+    ("[1, 2]", [1, 2]),
+    ("", ""),
+])
+def test_override_value_parsing(text, expected):
+    out = apply_overrides({}, [f"x={text}"])
+    assert out["x"] == expected
+    assert type(out["x"]) is type(expected)
+
+
+def test_override_value_may_contain_equals():
+    assert apply_overrides({}, ["x=a=b"]) == {"x": "a=b"}
+
+
+def test_override_with_bare_protocol_name_validates():
+    sc = parse(apply_overrides(quickstart_dict(), ["protocol.name=1bitmean"]))
+    assert sc.protocol.name == "1bitmean"
+
+
+@pytest.mark.parametrize("item", ["seed", "=3", " =3", ""])
+def test_override_bad_form(item):
+    with pytest.raises(ScenarioError) as ei:
+        apply_overrides(quickstart_dict(), [item])
+    assert str(ei.value).startswith("--set")
+    assert "KEY=VALUE" in str(ei.value)
+
+
+@pytest.mark.parametrize("item, where", [
+    ("population.groups.2.share=0.5", "population.groups.2"),  # out of range
+    ("population.groups.x.share=0.5", "population.groups.x"),  # not a number
+    ("population.groups.-1.share=0.5", "population.groups.-1"),  # negative
+    ("population.groups.5=1", "5"),  # last part out of range
+    ("population.groups.first=1", "first"),
+])
+def test_override_bad_index(item, where):
+    with pytest.raises(ScenarioError) as ei:
+        apply_overrides(quickstart_dict(), [item])
+    msg = str(ei.value)
+    assert msg.startswith("--set " + item.partition("=")[0] + ":"), msg
+    assert where in msg and "index" in msg
+
+
+@pytest.mark.parametrize("item", ["name.x=1", "rounds.per_day=2", "population.devices.x=2"])
+def test_override_through_scalar(item):
+    with pytest.raises(ScenarioError) as ei:
+        apply_overrides(quickstart_dict(), [item])
+    assert str(ei.value).startswith("--set " + item.partition("=")[0] + ":")
+    assert "not a table" in str(ei.value)
+
+
+def test_overrides_leave_input_unchanged():
+    data = quickstart_dict()
+    before = copy.deepcopy(data)
+    out = apply_overrides(data, ["population.groups.0.share=0.5", "protocol.epsilon=3", "network.extra.x=1",
+                                 "changes.0.counter.mean=10"])
+    assert data == before
+    assert out != before
+    assert out["population"]["groups"] is not data["population"]["groups"]
+
+
+def test_override_errors_then_validation():
+    with pytest.raises(ScenarioError) as ei:
+        load("quickstart", ["protocol.epsilon=-1"])
+    assert str(ei.value).startswith("protocol.epsilon:")
+    with pytest.raises(ScenarioError) as ei:
+        load("quickstart", ["changes.0.group=nobody"])
+    assert str(ei.value).startswith("changes[0].group:")
+
+
+def test_change_after_the_last_round_is_a_warning():
+    """A change scheduled after the last round is valid (it just never happens) but is reported."""
+    sc = load("quickstart", ["rounds=5"])
+    assert sc.rounds == 5 and sc.changes[0].round == 8
+    assert len(sc.warnings) == 1 and sc.warnings[0].startswith("changes[0].round:")
+    assert load("quickstart").warnings == []
+    assert load("quickstart", ["rounds=8"]).warnings == []  # the last round itself is in range
+
+
+# -------------------------------------------------------------------------------------------- world
+share_vectors = st.lists(st.floats(min_value=1e-6, max_value=1.0), min_size=1, max_size=8).map(
+    lambda xs: [x / sum(xs) for x in xs])
+
+
+@settings(max_examples=300, deadline=None)
+@given(n=st.one_of(st.integers(0, 50), st.integers(0, 2**32 - 1)), shares=share_vectors)
+def test_split_shares_exact(n, shares):
+    b = split_shares(n, shares)
+    assert b.shape == (len(shares) + 1,)
+    assert b[0] == 0 and b[-1] == n
+    sizes = np.diff(b)
+    assert sizes.sum() == n
+    assert (sizes >= 0).all()
+    # largest remainder: each size is the floor of its exact share or one more, and the extra devices go
+    # to the largest remainders
+    raw = np.asarray(shares, dtype=np.float64) * n
+    extra = sizes - np.floor(raw).astype(np.int64)
+    assert set(extra.tolist()) <= {0, 1}
+    rem = raw - np.floor(raw)
+    if extra.any() and not extra.all():
+        assert rem[extra == 1].min() >= rem[extra == 0].max()
+
+
+def test_split_shares_examples():
+    assert split_shares(10, [0.7, 0.3]).tolist() == [0, 7, 10]
+    assert split_shares(10, [1 / 3] * 3).tolist() == [0, 4, 7, 10]  # ties: the first in order gets the extra
+    assert split_shares(5, [0.5, 0.5]).tolist() == [0, 3, 5]
+    assert split_shares(0, [0.5, 0.5]).tolist() == [0, 0, 0]
+
+
+def _world(n=10_000, changes=(), max_value=1e9, seed=3, groups=None):
+    groups = groups or [Group("a", 0.6, Dist("constant", value=100.0)),
+                        Group("b", 0.4, Dist("constant", value=200.0))]
+    return World(seed, n, groups, list(changes), max_value)
+
+
+def test_world_groups_are_contiguous_blocks():
+    w = _world(n=1000)
+    assert w.group_ids("a").tolist() == list(range(600))
+    assert w.group_ids("b").tolist() == list(range(600, 1000))
+    assert w.group_of(np.array([0, 599, 600, 999])).tolist() == [0, 0, 1, 1]
+
+
+def test_change_applies_from_its_round_not_before():
+    ch = Change(3, "a", Dist("constant", value=500.0))
+    w = _world(changes=[ch])
+    a, b = w.group_ids("a"), w.group_ids("b")
+    for day in (1, 2):
+        assert w.advance_to(day) == []
+        v, _ = w.values(np.arange(w.n))
+        assert (v[a] == 100.0).all() and (v[b] == 200.0).all(), day
+    assert w.advance_to(3) == [ch]
+    v, _ = w.values(np.arange(w.n))
+    assert (v[a] == 500.0).all() and (v[b] == 200.0).all()
+    for day in (4, 7):
+        assert w.advance_to(day) == []  # applied once
+        v, _ = w.values(np.arange(w.n))
+        assert (v[a] == 500.0).all() and (v[b] == 200.0).all()
+
+
+def test_change_applies_when_its_round_is_skipped():
+    ch = Change(3, "b", Dist("constant", value=50.0))
+    w = _world(changes=[ch])
+    w.advance_to(1)
+    assert w.advance_to(5) == [ch]
+    v, _ = w.values(np.arange(w.n))
+    assert (v[w.group_ids("b")] == 50.0).all() and (v[w.group_ids("a")] == 100.0).all()
+
+
+def test_world_values_require_the_current_round():
+    w = _world()
+    w.advance_to(2)
+    with pytest.raises(ValueError):
+        w.values(np.arange(10), day=1)
+    with pytest.raises(ValueError):
+        w.advance_to(1)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_change_fraction_hits_a_share_of_the_group(seed):
+    n, frac = 40_000, 0.25
+    ch = Change(2, "a", Dist("constant", value=999.0), fraction=frac)
+    w = _world(n=n, changes=[ch], seed=seed)
+    a, b = w.group_ids("a"), w.group_ids("b")
+    w.advance_to(2)
+    v, _ = w.values(np.arange(n))
+    hit = v[a] == 999.0
+    assert ((v[a] == 999.0) | (v[a] == 100.0)).all()
+    assert (v[b] == 200.0).all()  # the other group is untouched
+    m = a.size
+    se = math.sqrt(m * frac * (1 - frac))
+    assert abs(hit.sum() - frac * m) <= 4 * se, (hit.sum(), frac * m, se)
+    # spread over the group, not a block of it
+    half = m // 2
+    assert abs(hit[:half].sum() - frac * half) <= 4 * math.sqrt(half * frac * (1 - frac))
+
+
+def test_change_jitter_only_keeps_levels():
+    ch = Change(2, "a", None, jitter_sd=50.0)
+    groups = [Group("a", 0.5, Dist("normal", mean=1000.0, sd=10.0)), Group("b", 0.5, Dist("constant", value=1.0))]
+    w = _world(n=2000, changes=[ch], groups=groups)
+    levels = w.levels.copy()
+    w.advance_to(1)
+    v1 = w.values(np.arange(w.n))[0].copy()
+    np.testing.assert_array_equal(v1, levels)  # no jitter yet
+    w.advance_to(2)
+    np.testing.assert_array_equal(w.levels, levels)
+    a = w.group_ids("a")
+    assert (w.sds[a] == 50.0).all() and (w.sds[w.group_ids("b")] == 0.0).all()
+    v2 = w.values(np.arange(w.n))[0]
+    assert np.std(v2[a] - levels[a]) == pytest.approx(50.0, rel=0.15)
+
+
+@pytest.mark.parametrize("jitter", [0.0, 40.0])
+def test_values_clipped_and_counted(jitter):
+    m, n, seed = 100.0, 20_000, 11
+    groups = [Group("low", 0.5, Dist("normal", mean=10.0, sd=30.0), jitter),
+              Group("high", 0.5, Dist("uniform", low=50.0, high=150.0), jitter)]
+    w = _world(n=n, groups=groups, max_value=m, seed=seed)
+    w.advance_to(4)
+    ids = np.arange(n)
+    v, clipped = w.values(ids)
+    assert v.min() >= 0.0 and v.max() <= m
+    # recompute the unclipped values from the same keyed stream and count directly
+    noise = keyed.normal(stream_key(seed, Purpose.JITTER, 4), ids)
+    raw = w.levels + w.sds * noise
+    direct = int(((raw < 0) | (raw > m)).sum())
+    assert clipped == direct
+    assert 1000 < direct < n - 1000  # both ends clip a fair number (the test means something)
+    assert ((raw < 0) == (v == 0.0))[raw != 0].all()
+    assert ((raw > m) == (v == m))[raw != m].all()
+    np.testing.assert_allclose(v, np.clip(raw, 0.0, m), rtol=0, atol=1e-9)
+    # a subset is served from the same day's values, with the population's clip count
+    sub = np.array([5, 17, 12_345])
+    vs, c2 = w.values(sub)
+    np.testing.assert_array_equal(vs, v[sub])
+    assert c2 == clipped
+
+
+def test_jitter_zero_gives_the_level_exactly():
+    groups = [Group("a", 0.5, Dist("normal", mean=5000.0, sd=300.0), 0.0),
+              Group("b", 0.5, Dist("uniform", low=10.0, high=20.0), 0.0)]
+    w = _world(n=5000, groups=groups)
+    assert len(np.unique(w.levels)) > 4000  # levels vary between devices
+    for day in (1, 2, 9):
+        w.advance_to(day)
+        v, clipped = w.values(np.arange(w.n))
+        np.testing.assert_array_equal(v, w.levels)
+        assert clipped == 0
+
+
+def test_jitter_varies_between_rounds():
+    groups = [Group("a", 1.0, Dist("constant", value=5000.0), 100.0)]
+    w = _world(n=5000, groups=groups)
+    w.advance_to(1)
+    v1 = w.values(np.arange(w.n))[0].copy()
+    w.advance_to(2)
+    v2 = w.values(np.arange(w.n))[0]
+    assert not np.array_equal(v1, v2)
+    assert np.std(v1 - 5000.0) == pytest.approx(100.0, rel=0.1)
