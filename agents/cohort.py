@@ -58,7 +58,6 @@ class CohortAgent:
         if batch is None or len(batch) == 0:
             return
         fate = self.network.fate(batch.devices, batch.round, request.deadline - self.env.now)
-        self.network.traffic.reports_lost += fate.lost
         for idx, delay in ((fate.on_time, fate.on_time_delay), (fate.late, fate.late_delay)):
             if idx.size:
                 sub = batch if idx.size == len(batch) else _subset(batch, idx)

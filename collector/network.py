@@ -10,7 +10,7 @@ the collector arrive after the base latency, reliably.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -39,9 +39,7 @@ class Traffic:
     messages_delivered: int = 0
     reports_sent: int = 0
     reports_lost: int = 0
-    reports_late: int = 0
     bytes_sent: int = 0
-    extra: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -80,7 +78,9 @@ class Network:
             idx = np.flatnonzero(keep) if p.loss > 0 else np.arange(n)
             on_idx, late_idx = (idx, idx[:0]) if on_time else (idx[:0], idx)
             on_delay = late_delay = p.latency
-        return Fate(on_idx, on_delay, late_idx, late_delay, int(n - int(keep.sum())))
+        lost = int(n - int(keep.sum()))
+        self.traffic.reports_lost += lost
+        return Fate(on_idx, on_delay, late_idx, late_delay, lost)
 
     def transmit(self, raw: bytes, delay: float, deliver: Callable[[bytes], object], reports: int = 0) -> None:
         """Send encoded bytes; ``deliver`` is called with them after ``delay``."""

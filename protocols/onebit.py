@@ -59,8 +59,9 @@ def mean_variance(x: np.ndarray, epsilon: float, m: float, gamma: float = 0.0) -
     Var = (1/n^2) sum_i m^2 ((e^eps + 1)/(e^eps - 1))^2 q_i (1 - q_i) / (1 - 2 gamma)^2, with
     q_i = gamma + (1 - 2 gamma) p_i the probability that the sent bit is 1.
 
-    For memoized reports, rounding adds variance: p depends on the rounded value; the exact form is
-    :func:`rrpm_variance`.
+    The same formula is exact for one round of 1BitRRPM: the sent bit is Bernoulli with mean
+    E_alpha[q(round(x))] = q(x) (q is affine in the rounded value and rounding is unbiased), and a
+    Bernoulli's variance is fixed by its mean.
     """
     x = np.asarray(x, dtype=np.float64)
     n = x.size
@@ -71,16 +72,6 @@ def mean_variance(x: np.ndarray, epsilon: float, m: float, gamma: float = 0.0) -
     sum_q = n * a * (1 - a) + b * (1 - 2 * a) * float(x.sum()) - b * b * float(np.dot(x, x))
     c = m * (e + 1.0) / (e - 1.0) / (1.0 - 2.0 * gamma)
     return c * c * max(sum_q, 0.0) / n**2
-
-
-def rrpm_variance(x: np.ndarray, epsilon: float, m: float, s: float, gamma: float = 0.0) -> float:
-    """Exact Var[mean_hat] of one 1BitRRPM round over alpha, memo and flip randomness.
-
-    The sent bit is Bernoulli with mean E_alpha[q(round(x))] = q(x) (q is affine in the rounded value and
-    rounding is unbiased), so a Bernoulli's variance q(1 - q) applies unchanged: equal to
-    :func:`mean_variance`. Kept as its own name so tests state which mechanism they check.
-    """
-    return mean_variance(x, epsilon, m, gamma)
 
 
 def epsilon_prime(epsilon: float, gamma: float) -> float:
