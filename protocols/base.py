@@ -26,7 +26,7 @@ class RoundResult:
     """The collector's output for one round."""
 
     round: int
-    estimate: float
+    estimate: float | np.ndarray  # a mean, or one value per bucket / counter
     reports: int
 
 
@@ -47,3 +47,27 @@ class CollectorSide(Protocol):
     def close_round(self) -> RoundResult: ...
 
     def transcript_digest(self) -> str: ...
+
+
+class ProtocolParams(Protocol):
+    """A protocol's parameters double as its descriptor for the runtimes.
+
+    ``kind`` is "mean" (one number per round), "histogram" (one frequency per bucket) or "counters"
+    (one mean per counter); ``truth`` and ``estimate_sd`` take the round's true (clipped) values.
+    """
+
+    name: str
+    epsilon: float
+    max_value: float
+    kind: str
+
+    @property
+    def round_epsilon(self) -> float: ...
+
+    def make_devices(self, seed: int, device_ids: np.ndarray) -> DeviceSide: ...
+
+    def make_collector(self, n_devices: int) -> CollectorSide: ...
+
+    def truth(self, values: np.ndarray) -> float | np.ndarray: ...
+
+    def estimate_sd(self, values: np.ndarray, reports: int) -> float | np.ndarray: ...

@@ -11,7 +11,6 @@ Formulas: ALGORITHMS.md sections 1-2.
 
 from __future__ import annotations
 
-import hashlib
 import math
 from dataclasses import dataclass
 
@@ -19,7 +18,7 @@ import numba as nb
 import numpy as np
 
 from protocols import keyed
-from protocols.base import ProtocolError, RoundResult
+from protocols.collecting import Column, ReportCollector
 from protocols.keyed import Purpose, stream_key
 from protocols.ledger import FRESH_REPORT, MEMO_REVEAL, ROUND_GUARANTEE, Charge
 from protocols.memo import RevealSet
@@ -129,6 +128,22 @@ class OneBitParams:
         """The per-report guarantee: eps, or eps' of Theorem 6 with output perturbation."""
         return epsilon_prime(self.epsilon, self.gamma) if self.gamma > 0 else self.epsilon
 
+    # the protocol descriptor used by the runtimes (protocols.base.ProtocolParams)
+    kind = "mean"
+
+    def make_devices(self, seed: int, device_ids: np.ndarray) -> "OneBitDevices":
+        return OneBitDevices(self, seed, device_ids)
+
+    def make_collector(self, n_devices: int) -> "OneBitCollector":
+        return OneBitCollector(self, n_devices)
+
+    def truth(self, values: np.ndarray) -> float:
+        return float(values.mean())
+
+    def estimate_sd(self, values: np.ndarray, reports: int) -> float:
+        """Closed-form sd of the estimate when ``reports`` of the devices with ``values`` report."""
+        return math.sqrt(mean_variance(values, self.epsilon, self.max_value, self.gamma) * values.size / reports)
+
 
 # ------------------------------------------------------------------------------------------- kernels
 @nb.njit(cache=True)
@@ -215,63 +230,16 @@ class OneBitDevices:
 
 
 # ------------------------------------------------------------------------------------------- collector side
-class OneBitCollector:
-    """Collector side: one report per device and round; the estimate uses the reports that arrived."""
+class OneBitCollector(ReportCollector):
+    """Collector side: one bit per device and round; the estimate uses the reports that arrived (eq. 2)."""
+
+    columns = (Column("bit", np.uint8, high=1),)
 
     def __init__(self, params: OneBitParams, n_devices: int) -> None:
         self.params = params
         self.name = params.name
-        self.n_devices = int(n_devices)
-        self.round = 0
-        self._bits: np.ndarray | None = None
-        self.transcript: list[tuple[int, np.ndarray]] = []  # (round, int8 per device: -1 none, 0, 1)
+        super().__init__(n_devices)
 
-    def request(self, round_: int, deadline: float) -> CollectionRequest:
-        if round_ <= self.round:
-            raise ValueError("rounds must increase")
-        self.round = round_
-        self._bits = np.full(self.n_devices, -1, dtype=np.int8)
-        return CollectionRequest(round=round_, protocol=self.name, deadline=deadline)
-
-    def receive(self, batch: ReportBatch) -> int:
-        """Take a batch for the open round; raise ProtocolError (nothing taken) if any of it is wrong."""
-        if self._bits is None or batch.round != self.round:
-            raise ProtocolError(f"batch for round {batch.round}, but the open round is {self.round or 'none'}")
-        if batch.protocol != self.name:
-            raise ProtocolError(f"batch for protocol {batch.protocol!r}, this collector runs {self.name!r}")
-        if set(batch.columns) != {"bit"}:
-            raise ProtocolError(f"a {self.name} batch has exactly the column 'bit', got {sorted(batch.columns)}")
-        ids, b = batch.devices, batch.columns["bit"]
-        if b.dtype != np.uint8 or (b.size and b.max() > 1):
-            raise ProtocolError("column 'bit' must hold bits")
-        if ids.size == 0:
-            return 0
-        if int(ids[-1]) >= self.n_devices:
-            raise ProtocolError(f"device id {int(ids[-1])} is not registered (population {self.n_devices})")
-        lo, hi = int(ids[0]), int(ids[-1])
-        target = self._bits[lo:hi + 1] if hi - lo + 1 == ids.size else None  # contiguous ids: a view
-        if np.any((target if target is not None else self._bits[ids]) >= 0):
-            raise ProtocolError("batch repeats a device that already reported this round")
-        if target is not None:
-            target[:] = b
-        else:
-            self._bits[ids] = b
-        return int(ids.size)
-
-    def close_round(self) -> RoundResult:
-        if self._bits is None:
-            raise ValueError("no open round")
-        arrived = self._bits[self._bits >= 0]
+    def estimate(self, reports: dict[str, np.ndarray]) -> float:
         p = self.params
-        est = estimate_mean(arrived, p.epsilon, p.max_value, p.gamma)
-        self.transcript.append((self.round, self._bits))
-        self._bits = None
-        return RoundResult(round=self.round, estimate=est, reports=int(arrived.size))
-
-    def transcript_digest(self) -> str:
-        """sha256 of every device's reports in (device, round) order: int8 -1 (none), 0 or 1 per round."""
-        h = hashlib.sha256()
-        h.update(np.array([r for r, _ in self.transcript], dtype="<i8").tobytes())
-        if self.transcript:
-            h.update(np.ascontiguousarray(np.stack([b for _, b in self.transcript], axis=1)).tobytes())
-        return h.hexdigest()
+        return estimate_mean(reports["bit"][:, 0], p.epsilon, p.max_value, p.gamma)

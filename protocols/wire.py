@@ -2,7 +2,8 @@
 
 DESIGN.md section 5. A message is a msgpack map ``{"v": 1, "type": <name>, <fields>...}``. Arrays travel as a
 msgpack extension (code 1) holding a one-byte dtype code, a little-endian uint32 element count and the raw
-little-endian data; booleans/bits are bit-packed. Only the dtypes in ``DTYPES`` exist: no pickles, no object
+little-endian data; booleans/bits are bit-packed. A per-device fixed-width column (d bucket indices, d bits)
+travels as a matrix (extension code 3: dtype code, uint32 rows, uint32 columns, row-major data). Only the dtypes in ``DTYPES`` exist: no pickles, no object
 arrays. :func:`decode` checks size, version, type, every field's presence, type and range, array lengths and
 finiteness, and raises :class:`WireError` naming the first problem it finds.
 """
@@ -20,12 +21,14 @@ from protocols.messages import MESSAGE_TYPES, CollectionRequest, Message, Report
 
 VERSION = 1
 ARRAY_EXT = 1
+MATRIX_EXT = 3
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 MAX_ELEMENTS = 1 << 25
 MAX_COLUMNS = 16
 MAX_ROUND = 2**31 - 1
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_\-]{0,63}\Z")  # \Z: "$" would also match before a trailing newline
 _HEADER = struct.Struct("<BI")
+_MHEADER = struct.Struct("<BII")
 
 # code -> (name, numpy dtype or None for packed bits)
 DTYPES: dict[int, tuple[str, np.dtype | None]] = {
@@ -56,16 +59,20 @@ def bits(a: np.ndarray) -> np.ndarray:
 
 # ----------------------------------------------------------------------------------------------- encoding
 def _pack_array(a: np.ndarray) -> msgpack.ExtType:
-    if a.ndim != 1:
-        raise ValueError("only one-dimensional arrays travel on the wire")
-    if a.shape[0] > MAX_ELEMENTS:
-        raise ValueError(f"array of {a.shape[0]} elements exceeds the wire limit {MAX_ELEMENTS}")
+    if a.ndim not in (1, 2):
+        raise ValueError("only one- and two-dimensional arrays travel on the wire")
+    if a.size > MAX_ELEMENTS:
+        raise ValueError(f"array of {a.size} elements exceeds the wire limit {MAX_ELEMENTS}")
     if isinstance(a, Bits):
-        return msgpack.ExtType(ARRAY_EXT, _HEADER.pack(0, a.shape[0]) + np.packbits(np.asarray(a)).tobytes())
-    dt = a.dtype.newbyteorder("<")
-    if dt not in _CODE_OF:
-        raise ValueError(f"dtype {a.dtype} is not a wire dtype")
-    return msgpack.ExtType(ARRAY_EXT, _HEADER.pack(_CODE_OF[dt], a.shape[0]) + a.astype(dt, copy=False).tobytes())
+        code, data = 0, np.packbits(np.asarray(a).ravel()).tobytes()
+    else:
+        dt = a.dtype.newbyteorder("<")
+        if dt not in _CODE_OF:
+            raise ValueError(f"dtype {a.dtype} is not a wire dtype")
+        code, data = _CODE_OF[dt], np.ascontiguousarray(a, dtype=dt).tobytes()
+    if a.ndim == 1:
+        return msgpack.ExtType(ARRAY_EXT, _HEADER.pack(code, a.shape[0]) + data)
+    return msgpack.ExtType(MATRIX_EXT, _MHEADER.pack(code, a.shape[0], a.shape[1]) + data)
 
 
 def _default(obj: object) -> object:
@@ -91,26 +98,30 @@ def encode(msg: Message) -> bytes:
 
 # ----------------------------------------------------------------------------------------------- decoding
 def _unpack_array(code: int, data: bytes) -> np.ndarray:
-    if code != ARRAY_EXT:
+    if code not in (ARRAY_EXT, MATRIX_EXT):
         raise WireError(f"unknown msgpack extension type {code}")
-    if len(data) < _HEADER.size:
-        raise WireError("array header truncated")
-    dcode, count = _HEADER.unpack_from(data)
+    header = _HEADER if code == ARRAY_EXT else _MHEADER
+    what = "array" if code == ARRAY_EXT else "matrix"
+    if len(data) < header.size:
+        raise WireError(f"{what} header truncated")
+    dcode, *shape = header.unpack_from(data)
     if dcode not in DTYPES:
-        raise WireError(f"array dtype code {dcode} is not allowed")
+        raise WireError(f"{what} dtype code {dcode} is not allowed")
+    count = shape[0] if code == ARRAY_EXT else shape[0] * shape[1]
     if count > MAX_ELEMENTS:
-        raise WireError(f"array of {count} elements exceeds the limit {MAX_ELEMENTS}")
+        raise WireError(f"{what} of {count} elements exceeds the limit {MAX_ELEMENTS}")
     name, dt = DTYPES[dcode]
-    payload = memoryview(data)[_HEADER.size:]
+    payload = memoryview(data)[header.size:]
     expected = (count + 7) // 8 if dt is None else count * dt.itemsize
     if len(payload) != expected:
-        raise WireError(f"{name} array of {count} elements needs {expected} bytes, got {len(payload)}")
+        raise WireError(f"{name} {what} of {count} elements needs {expected} bytes, got {len(payload)}")
     if dt is None:
-        return np.unpackbits(np.frombuffer(payload, np.uint8), count=count)
-    arr = np.frombuffer(payload, dt)
-    if dt.kind == "f" and not np.all(np.isfinite(arr)):
-        raise WireError("array holds a non-finite float")
-    return arr
+        arr = np.unpackbits(np.frombuffer(payload, np.uint8), count=count)
+    else:
+        arr = np.frombuffer(payload, dt)
+        if dt.kind == "f" and not np.all(np.isfinite(arr)):
+            raise WireError(f"{what} holds a non-finite float")
+    return arr if code == ARRAY_EXT else arr.reshape(shape)
 
 
 def _ext_hook(code: int, data: bytes) -> np.ndarray:
@@ -192,6 +203,8 @@ def decode(data: bytes, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
     if kind == "collect":
         return CollectionRequest(round=round_, protocol=protocol, deadline=_float(body, "deadline"))
     devices = _array(body["devices"], "field 'devices'")
+    if devices.ndim != 1:
+        raise WireError("field 'devices' must be a one-dimensional array")
     if devices.dtype.kind != "u" or devices.dtype.itemsize not in (4, 8):
         raise WireError(f"field 'devices' must be u4 or u8, got {devices.dtype}")
     if devices.size > 1 and not np.all(devices[1:] > devices[:-1]):

@@ -21,7 +21,6 @@ from agents.world import World
 from collector.network import Network
 from collector.process import CollectorProcess
 from protocols.ledger import Ledger
-from protocols.onebit import OneBitCollector, OneBitDevices, mean_variance
 from scenarios.schema import Scenario
 
 
@@ -29,11 +28,11 @@ from scenarios.schema import Scenario
 class RoundRecord:
     round: int
     time: float
-    truth: float
-    estimate: float
+    truth: float | np.ndarray
+    estimate: float | np.ndarray
     reports: int
     clipped: int
-    sd_theory: float  # closed-form sd of the estimate given the round's true values and the reports that arrived
+    sd_theory: float | np.ndarray  # closed-form sd of the estimate given the round's true values and the reports that arrived
 
 
 @dataclass
@@ -79,12 +78,12 @@ def run(scenario: Scenario, events: TextIO | None = None,
     world = World(sc.seed, sc.devices, sc.groups, sc.changes, sc.protocol.max_value)
     ledger = Ledger(sc.devices)
     network = Network(env, sc.network, sc.seed)
-    protocol = OneBitCollector(sc.protocol, sc.devices)
+    protocol = sc.protocol.make_collector(sc.devices)
 
     collector = CollectorProcess(env, protocol, network, [], sc.network.deadline, log)
     cohorts = []
     for lo, hi in cohort_slices(sc.devices, sc.simulation.cohort_size):
-        device = OneBitDevices(sc.protocol, sc.seed, np.arange(lo, hi))
+        device = sc.protocol.make_devices(sc.seed, np.arange(lo, hi))
         cohorts.append(CohortAgent(env, device, world, network, ledger, collector.deliver,
                                    sc.simulation.round_seconds))
     collector.cohort_inboxes.extend(c.inbox for c in cohorts)
@@ -104,10 +103,8 @@ def run(scenario: Scenario, events: TextIO | None = None,
                 log.info("behavior_change", round=r, group=change.group, fraction=change.fraction)
             result = yield env.process(collector.run_round(r))
             values, clipped = world.values(all_ids)
-            truth = float(values.mean())
-            p = sc.protocol
-            sd = math.sqrt(mean_variance(values, p.epsilon, p.max_value, p.gamma) * sc.devices / result.reports
-                           ) if result.reports else math.nan
+            truth = sc.protocol.truth(values)
+            sd = sc.protocol.estimate_sd(values, result.reports) if result.reports else math.nan
             records.append(RoundRecord(r, env.now, truth, result.estimate, result.reports, clipped, sd))
             spend = ledger.close_round(r, env.now)
             log.info("round_closed", round=r, truth=truth, estimate=result.estimate, reports=result.reports,

@@ -140,13 +140,13 @@ class Attacker:
                 ("huge device id", "is not registered", ReportBatch(r, PROTOCOL, np.array([3, 2**64 - 1], np.uint64),
                                                                     {"bit": wire.bits(np.array([1, 1]))})),
                 ("wrong protocol", "batch for protocol '1bitmean'", self.batch(r, honest_ids, protocol="1bitmean")),
-                ("extra column", "has exactly the column 'bit', got ['bit', 'grid']",
+                ("extra column", "has exactly the columns ['bit'], got ['bit', 'grid']",
                  self.batch(r, honest_ids, grid=np.zeros(honest_ids.size, np.uint32))),
-                ("no bit column", "has exactly the column 'bit', got []",
+                ("no bit column", "has exactly the columns ['bit'], got []",
                  ReportBatch(r, PROTOCOL, honest_ids.astype(np.uint32), {})),
-                ("bit not bits", "column 'bit' must hold bits",
+                ("bit not bits", "column 'bit' holds 2 > 1",
                  ReportBatch(r, PROTOCOL, honest_ids.astype(np.uint32), {"bit": np.full(honest_ids.size, 2, np.uint8)})),
-                ("bit wrong dtype", "column 'bit' must hold bits",
+                ("bit wrong dtype", "column 'bit' must be u1, got uint32",
                  ReportBatch(r, PROTOCOL, honest_ids.astype(np.uint32), {"bit": np.zeros(honest_ids.size, np.uint32)})),
                 ("collection request", "devices may not send CollectionRequest",
                  CollectionRequest(r, PROTOCOL, start + deadline)),
@@ -238,7 +238,7 @@ def test_honest_reports_all_accepted(attacked_run):
     assert result.collector.stats.reports_accepted == DEVICES * ROUNDS
     assert [rec.reports for rec in result.rounds] == [DEVICES] * ROUNDS
     assert result.device_rejected == 0
-    for _, bits in result.collector.protocol.transcript:
+    for _, bits in result.collector.protocol.received("bit"):
         assert bits.min() >= 0  # every device reported in every round
 
 
@@ -343,7 +343,7 @@ def test_collector_process_unit():
     assert stats.received == stats.accepted + stats.rejected
     # the round's estimate and transcript are exactly the reports delivered
     assert results[0].estimate == estimate_mean(bits, 1.0, 86400.0)
-    np.testing.assert_array_equal(protocol.transcript[0][1], bits.astype(np.int8))
+    np.testing.assert_array_equal(protocol.received("bit")[0][1], bits.astype(np.int64))
     # the request went out to the cohort with the absolute deadline
     assert len(cohort_inbox.items) == 2
     assert wire.decode(cohort_inbox.items[0]) == CollectionRequest(1, PROTOCOL, 10 + deadline)

@@ -62,7 +62,7 @@ def test_one_device_replays_alone_and_matches_transcript_and_ledger() -> None:
     collector equals the replayed one, and the replayed charges equal the ledger's."""
     sc = _scenario("1bitrrpm")
     result = runner.run(sc)
-    transcript = {r: bits for r, bits in result.collector.protocol.transcript}
+    transcript = dict(result.collector.protocol.received("bit"))
     for device in (0, 1, 599, 600, 1199):
         world = World(sc.seed, sc.devices, sc.groups, sc.changes, sc.protocol.max_value)
         solo = OneBitDevices(sc.protocol, sc.seed, np.array([device]))

@@ -142,7 +142,7 @@ def test_decode_accepts_bytearray_and_memoryview():
     assert decode(bytearray(raw)) == decode(memoryview(raw)) == CollectionRequest(1, "p", 1.0)
 
 
-@pytest.mark.parametrize("bad", [np.zeros((2, 2), np.uint8), np.array([1, 2], dtype=np.int16),
+@pytest.mark.parametrize("bad", [np.zeros((2, 2, 2), np.uint8), np.array([1, 2], dtype=np.int16),
                                  np.array(["a"], dtype=object)])
 def test_encode_refuses_non_wire_arrays(bad):
     with pytest.raises((ValueError, TypeError)):
@@ -472,3 +472,42 @@ def test_fuzz_valid_messages_round_trip(msg):
     out = decode(encode(msg))
     assert_same(msg, out)
     assert_reencodes(out)
+
+
+@pytest.mark.parametrize("rows,cols", [(0, 3), (1, 1), (5, 3), (9, 8), (37, 5)])
+def test_matrix_columns_round_trip(rows, cols):
+    """Per-device fixed-width columns (d buckets, d bits) travel as matrices, bits packed row-major."""
+    rng = np.random.default_rng(rows * 31 + cols)
+    devices = np.arange(rows, dtype=np.uint32)
+    cols_in = {"j": rng.integers(0, 200, (rows, cols)).astype(np.uint8),
+               "b": wire.bits(rng.integers(0, 2, (rows, cols))),
+               "x": rng.normal(size=(rows, cols))}
+    out = decode(encode(ReportBatch(1, "dbitflip", devices, cols_in)))
+    for name, arr in cols_in.items():
+        assert out.columns[name].shape == (rows, cols)
+        np.testing.assert_array_equal(out.columns[name], np.asarray(arr))
+    raw = msgpack.unpackb(encode(ReportBatch(1, "p", devices, {"b": cols_in["b"]})), raw=False)
+    ext = raw["columns"]["b"]
+    assert ext.code == 3 and len(ext.data) == 9 + (rows * cols + 7) // 8
+
+
+@pytest.mark.parametrize("payload,needle", [
+    (struct.pack("<BII", 2, 2, 3) + b"\x00" * 23, "needs 24 bytes"),
+    (struct.pack("<BI", 2, 2), "matrix header truncated"),
+    (struct.pack("<BII", 9, 1, 1) + b"\x00", "dtype code 9"),
+    (struct.pack("<BII", 7, 1, 1) + struct.pack("<d", float("nan")), "non-finite"),
+    (struct.pack("<BII", 1, 1 << 20, 1 << 20), "exceeds the limit"),
+])
+def test_malformed_matrices(payload, needle):
+    body = {"v": 1, "type": "reports", "round": 1, "protocol": "p",
+            "devices": msgpack.ExtType(1, struct.pack("<BI", 2, 2) + b"\x00" * 8),
+            "columns": {"m": msgpack.ExtType(3, payload)}}
+    with pytest.raises(WireError, match=needle):
+        decode(msgpack.packb(body, use_bin_type=True))
+
+
+def test_devices_may_not_be_a_matrix():
+    body = {"v": 1, "type": "reports", "round": 1, "protocol": "p",
+            "devices": msgpack.ExtType(3, struct.pack("<BII", 2, 1, 1) + b"\x00" * 4), "columns": {}}
+    with pytest.raises(WireError, match="one-dimensional"):
+        decode(msgpack.packb(body, use_bin_type=True))

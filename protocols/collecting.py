@@ -1,0 +1,162 @@
+"""The collector side shared by every single-message-per-round protocol: rounds, batch validation, storage
+of one report per device and round, and the canonical transcript (DESIGN.md sections 5-6).
+
+A protocol declares its report columns (:class:`Column`: name, dtype, width, value range) and how a round's
+reports become an estimate; everything a hostile or broken batch can get wrong is checked here, and a
+batch is taken whole or not at all (:class:`~protocols.base.ProtocolError`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from protocols.base import ProtocolError, RoundResult
+from protocols.messages import CollectionRequest, ReportBatch
+
+DIGEST_BLOCK = 1 << 16  # devices hashed at a time (bounded memory for the device-major transcript)
+
+
+@dataclass(frozen=True)
+class Column:
+    """One report column: ``width`` values of ``dtype`` per device (width 1: a plain array), each in
+    [low, high] (``None``: no bound beyond the dtype; floats are already finite from the wire)."""
+
+    name: str
+    dtype: np.dtype
+    width: int = 1
+    low: float | None = None
+    high: float | None = None
+
+    def check(self, col: np.ndarray) -> np.ndarray:
+        want = np.dtype(self.dtype)
+        if col.dtype.kind != want.kind or col.dtype.itemsize > want.itemsize:
+            raise ProtocolError(f"column {self.name!r} must be {want.kind}{want.itemsize}, got {col.dtype}")
+        shape_ok = col.ndim == 1 if self.width == 1 else (col.ndim == 2 and col.shape[1] == self.width)
+        if not shape_ok:
+            raise ProtocolError(f"column {self.name!r} must have {self.width} value(s) per device")
+        if col.size:
+            if self.low is not None and col.min() < self.low:
+                raise ProtocolError(f"column {self.name!r} holds {col.min()} < {self.low}")
+            if self.high is not None and col.max() > self.high:
+                raise ProtocolError(f"column {self.name!r} holds {col.max()} > {self.high}")
+        return col.astype(want, copy=False).reshape(col.shape[0], self.width)
+
+
+class ReportCollector:
+    """Base collector side: subclasses set ``name`` and ``columns`` and implement :meth:`estimate`."""
+
+    name: str = ""
+    columns: tuple[Column, ...] = ()
+
+    def __init__(self, n_devices: int) -> None:
+        self.n_devices = int(n_devices)
+        self.round = 0
+        self._present: np.ndarray | None = None
+        self._data: dict[str, np.ndarray] = {}
+        self.transcript: list[tuple[int, np.ndarray]] = []  # (round, uint8 record per device)
+        self._names = {c.name for c in self.columns}
+
+    # -------------------------------------------------------------------------------- protocol
+    def estimate(self, reports: dict[str, np.ndarray]) -> float | np.ndarray:
+        """The round's estimate from the reports that arrived: each column as (reports, width)."""
+        raise NotImplementedError
+
+    # -------------------------------------------------------------------------------- rounds
+    def request(self, round_: int, deadline: float) -> CollectionRequest:
+        if round_ <= self.round:
+            raise ValueError("rounds must increase")
+        self.round = round_
+        self._present = np.zeros(self.n_devices, dtype=bool)
+        self._data = {c.name: np.zeros((self.n_devices, c.width), dtype=c.dtype) for c in self.columns}
+        return CollectionRequest(round=round_, protocol=self.name, deadline=deadline)
+
+    def receive(self, batch: ReportBatch) -> int:
+        """Take a batch for the open round whole, or raise ProtocolError and take none of it."""
+        if self._present is None or batch.round != self.round:
+            raise ProtocolError(f"batch for round {batch.round}, but the open round is {self.round or 'none'}")
+        if batch.protocol != self.name:
+            raise ProtocolError(f"batch for protocol {batch.protocol!r}, this collector runs {self.name!r}")
+        if set(batch.columns) != self._names:
+            raise ProtocolError(f"a {self.name} batch has exactly the columns {sorted(self._names)}, "
+                                f"got {sorted(batch.columns)}")
+        cols = {c.name: c.check(batch.columns[c.name]) for c in self.columns}
+        ids = batch.devices
+        if ids.size == 0:
+            return 0
+        lo, hi = int(ids[0]), int(ids[-1])
+        if hi >= self.n_devices:
+            raise ProtocolError(f"device id {hi} is not registered (population {self.n_devices})")
+        where = slice(lo, hi + 1) if hi - lo + 1 == ids.size else ids  # contiguous ids (cohorts): a view
+        if np.any(self._present[where]):
+            raise ProtocolError("batch repeats a device that already reported this round")
+        self._present[where] = True
+        for name, col in cols.items():
+            self._data[name][where] = col
+        return int(ids.size)
+
+    def close_round(self) -> RoundResult:
+        if self._present is None:
+            raise ValueError("no open round")
+        present = self._present
+        if present.all():
+            reports = self._data
+        else:
+            idx = np.flatnonzero(present)
+            reports = {k: v[idx] for k, v in self._data.items()}
+        count = int(np.count_nonzero(present))
+        est = self.estimate(reports) if count else self.empty_estimate()
+        record = np.concatenate([present.view(np.uint8)[:, None]]
+                                + [v.astype(v.dtype.newbyteorder("<"), copy=False).view(np.uint8)
+                                   .reshape(self.n_devices, -1) for v in self._data.values()], axis=1)
+        self.transcript.append((self.round, record))
+        self._present, self._data = None, {}
+        return RoundResult(round=self.round, estimate=est, reports=count)
+
+    def empty_estimate(self) -> float | np.ndarray:
+        return float("nan")
+
+    def transcript_digest(self) -> str:
+        """sha256 of every device's reports in (device, round) order: per round a presence byte, then the
+        report's column values (little-endian; zeros when absent)."""
+        h = hashlib.sha256()
+        h.update(np.array([r for r, _ in self.transcript], dtype="<i8").tobytes())
+        records = [rec for _, rec in self.transcript]
+        for lo in range(0, self.n_devices if records else 0, DIGEST_BLOCK):
+            h.update(np.ascontiguousarray(np.stack([rec[lo:lo + DIGEST_BLOCK] for rec in records], axis=1)).data)
+        return h.hexdigest()
+
+    def received(self, name: str) -> list[tuple[int, np.ndarray]]:
+        """(round, values) of a width-1 integer column for every device, -1 where nothing arrived."""
+        out = []
+        for rnd, _ in self.transcript:
+            col = np.full(self.n_devices, -1, dtype=np.int64)
+            out.append((rnd, col))
+        for device_round, (rnd, rec) in enumerate(self.transcript):
+            at = 1
+            for c in self.columns:
+                size = np.dtype(c.dtype).itemsize * c.width
+                if c.name == name:
+                    vals = rec[:, at:at + size].copy().view(np.dtype(c.dtype).newbyteorder("<"))[:, 0]
+                    present = rec[:, 0].astype(bool)
+                    out[device_round][1][present] = vals[present]
+                at += size
+        return out
+
+    def device_reports(self, device: int) -> list[tuple[int, dict[str, np.ndarray] | None]]:
+        """One device's received reports by round (None where nothing arrived): for audits."""
+        out = []
+        for rnd, rec in self.transcript:
+            row = rec[device]
+            if not row[0]:
+                out.append((rnd, None))
+                continue
+            values, at = {}, 1
+            for c in self.columns:
+                size = np.dtype(c.dtype).itemsize * c.width
+                values[c.name] = row[at:at + size].view(np.dtype(c.dtype).newbyteorder("<"))
+                at += size
+            out.append((rnd, values))
+        return out
