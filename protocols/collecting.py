@@ -60,6 +60,9 @@ class ReportCollector:
         self._names = {c.name for c in self.columns}
 
     # -------------------------------------------------------------------------------- protocol
+    def validate(self, columns: dict[str, np.ndarray]) -> None:
+        """Protocol-specific checks of a batch's columns (raise ProtocolError); none by default."""
+
     def estimate(self, reports: dict[str, np.ndarray]) -> float | np.ndarray:
         """The round's estimate from the reports that arrived: each column as (reports, width)."""
         raise NotImplementedError
@@ -83,6 +86,7 @@ class ReportCollector:
             raise ProtocolError(f"a {self.name} batch has exactly the columns {sorted(self._names)}, "
                                 f"got {sorted(batch.columns)}")
         cols = {c.name: c.check(batch.columns[c.name]) for c in self.columns}
+        self.validate(cols)
         ids = batch.devices
         if ids.size == 0:
             return 0

@@ -36,6 +36,9 @@ class Purpose(enum.IntEnum):
     AFFECTED = 7  # whether a scripted change hits a device
     LOSS = 8  # network loss of one report
     LATENCY = 9  # network latency of one report
+    BUCKETS = 10  # dBitFlip's d sampled buckets J, once per device
+    NOISE = 11  # additive noise of a report (Laplace)
+    SPLIT = 12  # how a device's counter splits over several counters (apps)
 
 
 def _mix_int(z: int) -> int:

@@ -4,6 +4,7 @@ complete run directory."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -12,7 +13,8 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from scenarios import plots
-from scenarios.runner import RunResult
+from scenarios.metrics import error_summary, round_metrics
+from scenarios.runner import RunResult, bucket_width
 
 
 CSV_CHUNK = 200_000
@@ -60,12 +62,18 @@ def _sha256_bytes(*arrays: np.ndarray) -> str:
     return h.hexdigest()
 
 
+def _stack(values: list, k: int | None) -> np.ndarray:
+    """Per-round numbers as an array: (rounds,) for means, (rounds, k) for histograms (NaN when missing)."""
+    if k is None:
+        return np.array([float(v) for v in values])
+    return np.array([np.full(k, np.nan) if np.ndim(v) == 0 else np.asarray(v, dtype=np.float64) for v in values])
+
+
 def summary(result: RunResult) -> dict:
     sc, recs = result.scenario, result.rounds
-    truth = np.array([r.truth for r in recs])
-    est = np.array([r.estimate for r in recs])
-    err = np.abs(est - truth)
-    finite = err[np.isfinite(err)]
+    k = getattr(sc.protocol, "buckets", None) if sc.protocol.kind == "histogram" else None
+    truth = _stack([r.truth for r in recs], k)
+    est = _stack([r.estimate for r in recs], k)
     stats, traffic = result.collector.stats, result.network.traffic
     return {
         "scenario": sc.name,
@@ -74,13 +82,8 @@ def summary(result: RunResult) -> dict:
         "devices": sc.devices,
         "rounds": sc.rounds,
         "cohort_size": sc.simulation.cohort_size,
-        "parameters": {"epsilon": sc.protocol.epsilon, "max_value": sc.protocol.max_value,
-                       "granularity": sc.protocol.granularity, "gamma": sc.protocol.gamma,
-                       "round_epsilon": sc.protocol.round_epsilon},
-        "error": {"mean_abs": float(finite.mean()) if finite.size else None,
-                  "max_abs": float(finite.max()) if finite.size else None,
-                  "rmse": float(np.sqrt(np.mean(finite**2))) if finite.size else None,
-                  "rounds_without_estimate": int(err.size - finite.size)},
+        "parameters": {**dataclasses.asdict(sc.protocol), "round_epsilon": sc.protocol.round_epsilon},
+        "error": error_summary(sc.protocol.kind, truth, est, bucket_width(sc.protocol)),
         "epsilon": result.ledger.summary(),
         "round_epsilon_max": float(result.ledger.round_epsilon.max()) if sc.devices else 0.0,
         "messages": {"sent": traffic.messages_sent, "delivered": traffic.messages_delivered,
@@ -95,16 +98,38 @@ def summary(result: RunResult) -> dict:
     }
 
 
+def _write_estimates(result: RunResult, out: Path) -> None:
+    sc, recs = result.scenario, result.rounds
+    rounds = np.array([r.round for r in recs])
+    reports = np.array([r.reports for r in recs])
+    clipped = np.array([r.clipped for r in recs])
+    if sc.protocol.kind == "mean":
+        truth, est, sd = (_stack([getattr(r, f) for r in recs], None) for f in ("truth", "estimate", "sd_theory"))
+        write_csv(out / "estimates.csv", ["round", "truth", "estimate", "error", "theory_sd", "reports", "clipped"],
+                  [rounds, truth, est, est - truth, sd, reports, clipped])
+        title = f"{sc.name}: {sc.protocol.name}, ε = {sc.protocol.epsilon:g}, n = {sc.devices:,}"
+        plots.estimates_plot(out / "estimates.png", rounds, truth, est, sd, title, [c.round for c in sc.changes])
+        return
+    k = sc.protocol.buckets
+    truth, est, sd = (_stack([getattr(r, f) for r in recs], k) for f in ("truth", "estimate", "sd_theory"))
+    width = bucket_width(sc.protocol)
+    bucket = np.tile(np.arange(k), len(recs))
+    write_csv(out / "estimates.csv",
+              ["round", "bucket", "low", "high", "truth", "estimate", "error", "theory_sd", "reports", "clipped"],
+              [np.repeat(rounds, k), bucket, bucket * width, (bucket + 1) * width, truth.ravel(), est.ravel(),
+               (est - truth).ravel(), sd.ravel(), np.repeat(reports, k), np.repeat(clipped, k)])
+    per_round = [round_metrics("histogram", t, e, width) for t, e in zip(truth, est)]
+    title = (f"{sc.name}: {sc.protocol.name}, k = {k}, d = {getattr(sc.protocol, 'bits', 1)}, "
+             f"ε = {sc.protocol.epsilon:g}, n = {sc.devices:,}")
+    plots.histogram_plot(out / "estimates.png", rounds, per_round, truth, est, sd, width, title,
+                         [c.round for c in sc.changes])
+
+
 def write_run_dir(result: RunResult, out: Path, ledger_rows: bool = True) -> dict:
     """Write every file of the run directory except events.jsonl (streamed during the run)."""
     out.mkdir(parents=True, exist_ok=True)
-    sc, recs = result.scenario, result.rounds
-    rounds = np.array([r.round for r in recs])
-    truth = np.array([r.truth for r in recs])
-    est = np.array([r.estimate for r in recs])
-    sd = np.array([r.sd_theory for r in recs])
-    write_csv(out / "estimates.csv", ["round", "truth", "estimate", "error", "theory_sd", "reports", "clipped"],
-              [rounds, truth, est, est - truth, sd, [r.reports for r in recs], [r.clipped for r in recs]])
+    sc = result.scenario
+    _write_estimates(result, out)
     led = result.ledger
     ids = np.arange(sc.devices)
     write_csv(out / "spend.csv", ["device", "group", "spend", "round_epsilon"],
@@ -116,10 +141,7 @@ def write_run_dir(result: RunResult, out: Path, ledger_rows: bool = True) -> dic
     if ledger_rows:
         write_ledger_csv(out / "ledger.csv", led.rows())
     (out / "scenario.json").write_text(json.dumps(sc.raw, indent=2) + "\n", encoding="utf-8")
-    title = f"{sc.name}: {sc.protocol.name}, ε = {sc.protocol.epsilon:g}, n = {sc.devices:,}"
-    plots.estimates_plot(out / "estimates.png", rounds, truth, est, sd, title, [c.round for c in sc.changes])
     plots.spend_plot(out / "spend.png", hist, led.spend, f"per-device spend: {sc.protocol.name}")
     s = summary(result)
     (out / "summary.json").write_text(json.dumps(s, indent=2) + "\n", encoding="utf-8")
     return s
-

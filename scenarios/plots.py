@@ -59,3 +59,33 @@ def spend_plot(path: Path, history: list[dict[str, float]], final: np.ndarray, t
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def histogram_plot(path: Path, rounds: np.ndarray, per_round: list[dict[str, float]], truth: np.ndarray,
+                   est: np.ndarray, sd: np.ndarray, width: float, title: str, change_rounds: list[int]) -> None:
+    """Per-round max bucket error and Wasserstein distance; the last round's histogram against the truth."""
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 7), height_ratios=(1, 1.3))
+    top.plot(rounds, [m["max_abs"] for m in per_round], "o-", color="tab:red", ms=3, label="max bucket error")
+    top.set_ylabel("max |ĥ(v) − h(v)|", color="tab:red")
+    twin = top.twinx()
+    twin.plot(rounds, [m["wasserstein"] for m in per_round], "s--", color="tab:blue", ms=3,
+              label="Wasserstein-1 (value units)")
+    twin.set_ylabel("W1 (clipped, renormalized)", color="tab:blue")
+    for r in change_rounds:
+        top.axvline(r, color="grey", ls=":", lw=1)
+    top.set_xlabel("round")
+    top.set_title(title, fontsize=10)
+    last = len(rounds) - 1
+    k = truth.shape[1]
+    centers = (np.arange(k) + 0.5) * width
+    bottom.bar(centers, truth[last], width=width * 0.9, color="tab:blue", alpha=0.35, label="truth")
+    bottom.errorbar(centers, est[last], yerr=1.96 * sd[last], fmt="o", color="tab:orange", ms=3, lw=1,
+                    label="estimate ± 1.96 sd (theory)")
+    bottom.axhline(0, color="black", lw=0.8)
+    bottom.set_xlabel("value")
+    bottom.set_ylabel("frequency")
+    bottom.set_title(f"round {int(rounds[last])}", fontsize=10)
+    bottom.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -7,6 +7,7 @@ collector closes the round into an estimate, and the per-round spend distributio
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from agents.world import World
 from collector.network import Network
 from collector.process import CollectorProcess
 from protocols.ledger import Ledger
+from scenarios.metrics import round_metrics
 from scenarios.schema import Scenario
 
 
@@ -64,6 +66,12 @@ def _event_logger(stream: TextIO | None, env: simpy.Environment) -> Any:
     )
 
 
+def bucket_width(params: object) -> float:
+    """Value width of a histogram bucket (1 for protocols without buckets)."""
+    k = getattr(params, "buckets", None)
+    return params.max_value / k if k else 1.0
+
+
 def cohort_slices(n: int, size: int) -> list[tuple[int, int]]:
     return [(lo, min(lo + size, n)) for lo in range(0, n, size)]
 
@@ -87,11 +95,11 @@ def run(scenario: Scenario, events: TextIO | None = None,
         cohorts.append(CohortAgent(env, device, world, network, ledger, collector.deliver,
                                    sc.simulation.round_seconds))
     collector.cohort_inboxes.extend(c.inbox for c in cohorts)
-    log.info("run_started", devices=sc.devices, rounds=sc.rounds, protocol=sc.protocol.name,
-             epsilon=sc.protocol.epsilon, gamma=sc.protocol.gamma, cohorts=len(cohorts),
-             round_epsilon=sc.protocol.round_epsilon)
+    log.info("run_started", devices=sc.devices, rounds=sc.rounds, protocol=dataclasses.asdict(sc.protocol),
+             cohorts=len(cohorts), round_epsilon=sc.protocol.round_epsilon)
 
     records: list[RoundRecord] = []
+    kind, width = sc.protocol.kind, bucket_width(sc.protocol)
     all_ids = np.arange(sc.devices)
 
     def clock():
@@ -107,8 +115,9 @@ def run(scenario: Scenario, events: TextIO | None = None,
             sd = sc.protocol.estimate_sd(values, result.reports) if result.reports else math.nan
             records.append(RoundRecord(r, env.now, truth, result.estimate, result.reports, clipped, sd))
             spend = ledger.close_round(r, env.now)
-            log.info("round_closed", round=r, truth=truth, estimate=result.estimate, reports=result.reports,
-                     clipped=clipped, rejected=collector.stats.rejected,
+            shown = {"truth": truth, "estimate": result.estimate} if kind == "mean" else {}
+            log.info("round_closed", round=r, **shown, **round_metrics(kind, truth, result.estimate, width),
+                     reports=result.reports, clipped=clipped, rejected=collector.stats.rejected,
                      spend={k: v for k, v in spend.items() if k not in ("round", "time")})
             if progress is not None:
                 progress(r, sc.rounds)

@@ -15,10 +15,13 @@ from typing import Any
 
 from agents.world import Change, Dist, Group
 from collector.network import NetworkParams
+from protocols.base import ProtocolParams
+from protocols.baselines import KFLIP, LAPLACE, KFlipParams, LaplaceParams
+from protocols.dbitflip import BINFLIP, DBITFLIP, DBITFLIPPM, DBitFlipParams
 from protocols.onebit import MEMOIZED, NAIVE, OneBitParams
 
 SHIPPED = Path(__file__).resolve().parent
-PROTOCOLS = (NAIVE, MEMOIZED)
+PROTOCOLS = (NAIVE, MEMOIZED, DBITFLIP, DBITFLIPPM, BINFLIP, KFLIP, LAPLACE)
 
 
 class ScenarioError(ValueError):
@@ -39,7 +42,7 @@ class Scenario:
     devices: int
     groups: list[Group]
     changes: list[Change]
-    protocol: OneBitParams
+    protocol: ProtocolParams
     network: NetworkParams
     simulation: Simulation
     description: str = ""
@@ -119,6 +122,35 @@ def _positive(v: float) -> bool:
     return v > 0
 
 
+def _protocol(pt: _Table) -> ProtocolParams:
+    """The [protocol] table: common keys, then each family's own."""
+    name = pt.get("name", str, check=lambda v: v in PROTOCOLS, what=f"one of {list(PROTOCOLS)}")
+    epsilon = pt.get("epsilon", float, check=lambda v: 0 < v <= 50, what="a number in (0, 50]")
+    max_value = pt.get("max_value", float, check=_positive, what="> 0")
+    gamma_ok = dict(check=lambda v: 0 <= v < 0.5, what="a number in [0, 0.5)")
+    if name in (NAIVE, MEMOIZED):
+        gran = pt.get("granularity", float, None if name == NAIVE else ..., check=_positive, what="> 0")
+        if gran is not None:
+            k = max_value / gran
+            if gran > max_value or abs(k - round(k)) > 1e-9 * k:
+                raise ScenarioError(f"protocol.granularity: {gran:g} must divide protocol.max_value {max_value:g}")
+        params: ProtocolParams = OneBitParams(name, epsilon, max_value, gran, pt.get("gamma", float, 0.0, **gamma_ok))
+    elif name == LAPLACE:
+        params = LaplaceParams(name, epsilon, max_value)
+    else:
+        k = pt.get("buckets", int, check=lambda v: 2 <= v <= 65_536, what="an integer in [2, 65536]")
+        if name == KFLIP:
+            params = KFlipParams(name, epsilon, max_value, k)
+        else:
+            default_d = k if name == BINFLIP else ...
+            d = pt.get("bits", int, default_d, check=lambda v: 1 <= v <= k, what=f"an integer in [1, buckets = {k}]")
+            if name == BINFLIP and d != k:
+                raise ScenarioError(f"protocol.bits: binflip sends all {k} buckets, got {d}")
+            params = DBitFlipParams(name, epsilon, max_value, k, d, pt.get("gamma", float, 0.0, **gamma_ok))
+    pt.done()
+    return params
+
+
 # ----------------------------------------------------------------------------------------------- loading
 def parse(data: dict[str, Any]) -> Scenario:
     """Validate a scenario given as a dict (parsed TOML)."""
@@ -165,19 +197,7 @@ def parse(data: dict[str, Any]) -> Scenario:
         t.done()
         changes.append(Change(rnd, group, counter, jitter, fraction))
 
-    pt = top.table("protocol")
-    pname = pt.get("name", str, check=lambda v: v in PROTOCOLS, what=f"one of {list(PROTOCOLS)}")
-    epsilon = pt.get("epsilon", float, check=lambda v: 0 < v <= 50, what="a number in (0, 50]")
-    max_value = pt.get("max_value", float, check=_positive, what="> 0")
-    gran = pt.get("granularity", float, None if pname == NAIVE else ..., check=_positive, what="> 0")
-    if gran is not None:
-        k = max_value / gran
-        if gran > max_value or abs(k - round(k)) > 1e-9 * k:
-            raise ScenarioError(f"protocol.granularity: {gran:g} must divide protocol.max_value {max_value:g}")
-    gamma = pt.get("gamma", float, 0.0, check=lambda v: 0 <= v < 0.5, what="a number in [0, 0.5)")
-    pt.done()
-    protocol = OneBitParams(pname, epsilon, max_value, gran, gamma)
-
+    protocol = _protocol(top.table("protocol"))
     st = top.table("simulation", default=None)
     sim = Simulation(
         cohort_size=st.get("cohort_size", int, 10_000, check=lambda v: v >= 1, what="an integer >= 1"),

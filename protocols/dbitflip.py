@@ -1,0 +1,257 @@
+"""dBitFlip, dBitFlipPM and BinFlip: histograms over k buckets (Ding, Kulkarni, Yekhanin, NIPS 2017).
+
+ALGORITHMS.md sections 1-2. Each device draws d distinct buckets J once for life (keyed Floyd sampling);
+each report holds, for every j_p in J, a bit that is 1 with probability e^(eps/2)/(e^(eps/2) + 1) if the
+device's bucket is j_p and 1/(e^(eps/2) + 1) otherwise, which is eps-LDP: two inputs change at most two bits.
+The collector's h_hat(v) = k/(n d) sum over devices with v in J of (b_v (e^(eps/2) + 1) - 1)/(e^(eps/2) - 1)
+is unbiased; it may be negative (clipping and renormalizing is post-processing, done for the Wasserstein
+metric only).
+
+- ``dbitflip``: fresh bits every round, charged eps every round.
+- ``dbitflippm``: permanent memoization keyed on the memo input s = (position of bucket(x) in J) + 1, or 0
+  when bucket(x) is not in J, so a device has at most d + 1 distinct memoized reports; charged eps the
+  first time each is revealed (spend = distinct reports revealed x eps).
+- ``binflip``: d = k (Duchi et al.), fresh every round.
+Output perturbation gamma flips each sent bit with fresh randomness; a report is then
+2 eps'(eps/2, gamma)-LDP (Theorem 6 per bit, two bits differ) and the collector debiases each bit.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numba as nb
+import numpy as np
+
+from protocols import keyed
+from protocols.base import ProtocolError
+from protocols.collecting import Column, ReportCollector
+from protocols.keyed import Purpose, stream_key
+from protocols.ledger import FRESH_REPORT, MEMO_REVEAL, ROUND_GUARANTEE, Charge
+from protocols.memo import RevealSet
+from protocols.messages import CollectionRequest, ReportBatch
+from protocols.onebit import epsilon_prime
+from protocols.wire import bits as wire_bits
+
+DBITFLIP, DBITFLIPPM, BINFLIP = "dbitflip", "dbitflippm", "binflip"
+
+
+def bucket_of(x: np.ndarray, k: int, m: float) -> np.ndarray:
+    """Bucket index of values in [0, m] for k equal-width buckets; x = m goes to k - 1."""
+    return np.minimum((np.asarray(x, dtype=np.float64) * (k / m)).astype(np.int64), k - 1)
+
+
+def histogram(x: np.ndarray, k: int, m: float) -> np.ndarray:
+    """True bucket frequencies (summing to 1)."""
+    return np.bincount(bucket_of(x, k, m), minlength=k) / max(np.asarray(x).size, 1)
+
+
+def bit_moments(epsilon: float, gamma: float) -> tuple[float, float]:
+    """E[Z^2 | the bit's bucket is the device's] and E[Z^2 | it is not], for the debiased summand
+    Z = (b' (E + 1) - 1)/(E - 1), E = e^(eps/2), b' = (b - gamma)/(1 - 2 gamma) (E[Z] = 1 and 0)."""
+    e = math.exp(epsilon / 2)
+    out = []
+    for p in (e / (e + 1), 1 / (e + 1)):
+        q = gamma + (1 - 2 * gamma) * p  # P[sent bit = 1]
+        b2 = (q * (1 - gamma) ** 2 + (1 - q) * gamma**2) / (1 - 2 * gamma) ** 2  # E[b'^2]
+        out.append(((e + 1) ** 2 * b2 - 2 * (e + 1) * p + 1) / (e - 1) ** 2)
+    return out[0], out[1]
+
+
+def histogram_variance(h: np.ndarray, n: int, k: int, d: int, epsilon: float, gamma: float = 0.0) -> np.ndarray:
+    """Exact Var[h_hat(v)] over J, bit and flip randomness, for true frequencies h and n reports.
+
+    Per device the summand Y = (k/d) 1[v in J] Z has E[Y] = t and E[Y^2] = (k/d) E[Z^2 | t], t = 1[bucket = v],
+    P[v in J] = d/k. Summing n independent devices: Var = (1/n) [ (k/d) (h A + (1 - h) B) - h ] with A, B from
+    :func:`bit_moments`. For gamma = 0 and small h this is about (k/(n d)) ((E + 1)/(E - 1))^2 / 4 with
+    E = e^(eps/2), the approximation in ALGORITHMS.md section 1.
+    """
+    a, b = bit_moments(epsilon, gamma)
+    h = np.asarray(h, dtype=np.float64)
+    return ((k / d) * (h * a + (1 - h) * b) - h) / n
+
+
+@dataclass(frozen=True)
+class DBitFlipParams:
+    """``buckets`` k equal-width buckets on [0, max_value]; ``bits`` d sampled buckets per device."""
+
+    name: str
+    epsilon: float
+    max_value: float
+    buckets: int
+    bits: int
+    gamma: float = 0.0
+
+    kind = "histogram"
+
+    def __post_init__(self) -> None:
+        if self.name not in (DBITFLIP, DBITFLIPPM, BINFLIP):
+            raise ValueError(f"not a dBitFlip protocol: {self.name!r}")
+        if not (math.isfinite(self.epsilon) and self.epsilon > 0):
+            raise ValueError(f"protocol.epsilon must be a positive number, got {self.epsilon}")
+        if not (math.isfinite(self.max_value) and self.max_value > 0):
+            raise ValueError(f"protocol.max_value must be a positive number, got {self.max_value}")
+        if not 2 <= self.buckets <= 65_536:
+            raise ValueError(f"protocol.buckets must be in [2, 65536], got {self.buckets}")
+        if not 1 <= self.bits <= self.buckets:
+            raise ValueError(f"protocol.bits must be in [1, buckets = {self.buckets}], got {self.bits}")
+        if self.name == BINFLIP and self.bits != self.buckets:
+            raise ValueError(f"binflip sends every bucket: protocol.bits must equal buckets ({self.buckets})")
+        if not 0.0 <= self.gamma < 0.5:
+            raise ValueError(f"protocol.gamma must be in [0, 0.5), got {self.gamma}")
+
+    @property
+    def memoized(self) -> bool:
+        return self.name == DBITFLIPPM
+
+    @property
+    def round_epsilon(self) -> float:
+        """Per-report guarantee: eps, or 2 eps'(eps/2, gamma) with output perturbation."""
+        return 2 * epsilon_prime(self.epsilon / 2, self.gamma) if self.gamma > 0 else self.epsilon
+
+    @property
+    def bucket_dtype(self) -> np.dtype:
+        return np.dtype(np.uint8 if self.buckets <= 256 else np.uint32)
+
+    def make_devices(self, seed: int, device_ids: np.ndarray) -> "DBitFlipDevices":
+        return DBitFlipDevices(self, seed, device_ids)
+
+    def make_collector(self, n_devices: int) -> "DBitFlipCollector":
+        return DBitFlipCollector(self, n_devices)
+
+    def truth(self, values: np.ndarray) -> np.ndarray:
+        return histogram(values, self.buckets, self.max_value)
+
+    def estimate_sd(self, values: np.ndarray, reports: int) -> np.ndarray:
+        return np.sqrt(histogram_variance(self.truth(values), reports, self.buckets, self.bits,
+                                          self.epsilon, self.gamma))
+
+
+# ------------------------------------------------------------------------------------------- kernels
+@nb.njit(cache=True)
+def _sample_j(ids, k, d, key, out):
+    """Floyd's algorithm: d distinct buckets of k per device, keyed by (key, device, step); sorted."""
+    for i in range(ids.shape[0]):
+        count = 0
+        for j in range(k - d, k):
+            t = int(keyed.uniform2(key, ids[i], np.uint64(j)) * (j + 1))
+            dup = False
+            for c in range(count):
+                if out[i, c] == t:
+                    dup = True
+                    break
+            out[i, count] = j if dup else t
+            count += 1
+        out[i, :].sort()
+
+
+@nb.njit(cache=True)
+def _report_kernel(ids, buckets, J, pe, qe, key, memoized, flip_key, gamma, out_bits, out_input):
+    """Bits of each device's report. Memoized: keyed by (device, memo input s, position) with the round-free
+    ``key``; fresh: keyed by (device, position) with a per-round ``key``. Then output perturbation."""
+    d = J.shape[1]
+    for i in range(ids.shape[0]):
+        s = 0
+        for p in range(d):
+            if J[i, p] == buckets[i]:
+                s = p + 1
+        out_input[i] = s
+        for p in range(d):
+            prob = pe if p == s - 1 else qe
+            sub = s * d + p if memoized else p
+            b = keyed.uniform2(key, ids[i], np.uint64(sub)) < prob
+            if gamma > 0.0 and keyed.uniform2(flip_key, ids[i], np.uint64(p)) < gamma:
+                b = not b
+            out_bits[i, p] = b
+
+
+# ------------------------------------------------------------------------------------------- device side
+class DBitFlipDevices:
+    """Device side for a cohort: J fixed at setup; answers each round at most once."""
+
+    def __init__(self, params: DBitFlipParams, seed: int, device_ids: np.ndarray) -> None:
+        self.params, self.seed = params, int(seed)
+        self.device_ids = np.ascontiguousarray(device_ids, dtype=np.uint64)
+        k, d = params.buckets, params.bits
+        self.J = np.empty((self.device_ids.size, d), dtype=np.int64)
+        if d == k:
+            self.J[:] = np.arange(k)
+        else:
+            _sample_j(self.device_ids, k, d, np.uint64(stream_key(seed, Purpose.BUCKETS)), self.J)
+        e = math.exp(params.epsilon / 2)
+        self._pe, self._qe = e / (e + 1), 1 / (e + 1)
+        self.last_round = 0
+        if params.memoized:
+            self.reveals = RevealSet(self.device_ids.size, d + 1)
+
+    def report_bits(self, round_: int, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The (devices, d) bits sent for ``round_`` and each device's memo input s in 0..d."""
+        p = self.params
+        buckets = bucket_of(values, p.buckets, p.max_value)
+        key = stream_key(self.seed, Purpose.MEMO) if p.memoized else stream_key(self.seed, Purpose.REPORT, round_)
+        out = np.empty(self.J.shape, dtype=np.uint8)
+        inputs = np.empty(self.device_ids.size, dtype=np.int64)
+        _report_kernel(self.device_ids, buckets, self.J, self._pe, self._qe, np.uint64(key), p.memoized,
+                       np.uint64(stream_key(self.seed, Purpose.FLIP, round_)), float(p.gamma), out, inputs)
+        return out, inputs
+
+    def respond(self, request: CollectionRequest, day: int, values: np.ndarray,
+                now: float) -> tuple[ReportBatch | None, list[Charge]]:
+        p = self.params
+        if request.protocol != p.name or request.round != day or request.round <= self.last_round:
+            return None, []
+        if values.shape != self.device_ids.shape:
+            raise ValueError("one value per device is required")
+        self.last_round = request.round
+        bits, inputs = self.report_bits(request.round, values)
+        ids = self.device_ids
+        if p.memoized:
+            new = self.reveals.insert(np.arange(ids.size), inputs)
+            charges = [Charge(request.round, now, MEMO_REVEAL, p.epsilon, ids[new])]
+            if p.gamma > 0:
+                charges.append(Charge(request.round, now, ROUND_GUARANTEE, p.round_epsilon, ids, cumulative=False))
+        else:
+            charges = [Charge(request.round, now, FRESH_REPORT, p.round_epsilon, ids)]
+        columns = {"b": wire_bits(bits)}
+        if p.bits < p.buckets:
+            columns["j"] = self.J.astype(p.bucket_dtype)
+        return ReportBatch(round=request.round, protocol=p.name, devices=ids.astype(np.uint32),
+                           columns=columns), charges
+
+
+# ------------------------------------------------------------------------------------------- collector side
+def estimate_histogram(J: np.ndarray, b: np.ndarray, k: int, epsilon: float, gamma: float = 0.0) -> np.ndarray:
+    """h_hat(v) = k/(n d) sum_{i, p: J_ip = v} (b'_ip (E + 1) - 1)/(E - 1), b' debiased for gamma."""
+    n, d = b.shape
+    if n == 0:
+        return np.full(k, np.nan)
+    e = math.exp(epsilon / 2)
+    z = (((b.astype(np.float64) - gamma) / (1 - 2 * gamma)) * (e + 1) - 1) / (e - 1)
+    return np.bincount(J.ravel(), weights=z.ravel(), minlength=k) * (k / (n * d))
+
+
+class DBitFlipCollector(ReportCollector):
+    def __init__(self, params: DBitFlipParams, n_devices: int) -> None:
+        self.params, self.name = params, params.name
+        k, d = params.buckets, params.bits
+        cols = [Column("b", np.uint8, width=d, high=1)]
+        if d < k:
+            cols.append(Column("j", params.bucket_dtype, width=d, high=k - 1))
+        self.columns = tuple(cols)
+        super().__init__(n_devices)
+
+    def validate(self, columns: dict[str, np.ndarray]) -> None:
+        """J must be d distinct buckets in increasing order (a repeated bucket would count twice)."""
+        J = columns.get("j")
+        if J is not None and J.shape[1] > 1 and np.any(np.diff(J.astype(np.int64), axis=1) <= 0):
+            raise ProtocolError("column 'j' must hold distinct buckets in increasing order")
+
+    def estimate(self, reports: dict[str, np.ndarray]) -> np.ndarray:
+        p = self.params
+        b = reports["b"]
+        J = reports["j"] if "j" in reports else np.broadcast_to(np.arange(p.buckets), b.shape)
+        return estimate_histogram(np.ascontiguousarray(J, dtype=np.int64), b, p.buckets, p.epsilon, p.gamma)
+
+    def empty_estimate(self) -> np.ndarray:
+        return np.full(self.params.buckets, np.nan)

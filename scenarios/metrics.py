@@ -1,0 +1,55 @@
+"""Error metrics of a run (ALGORITHMS.md section 5).
+
+- Means: the absolute error per round; mean and max over rounds.
+- Histograms: max over buckets of |h_hat(v) - h(v)| per round (the papers' metric), and the Wasserstein-1
+  distance in value units between the true histogram and the estimate clipped at 0 and renormalized (an
+  estimate with no positive bucket is taken as uniform).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def clip_renormalize(est: np.ndarray) -> np.ndarray:
+    """Post-processing of a histogram estimate: negative frequencies to 0, then scaled to sum to 1."""
+    c = np.clip(np.asarray(est, dtype=np.float64), 0.0, None)
+    total = c.sum()
+    return c / total if total > 0 else np.full(c.size, 1.0 / c.size)
+
+
+def wasserstein(truth: np.ndarray, est: np.ndarray, bucket_width: float) -> float:
+    """W1 between two histograms on equal-width buckets: width x sum over bucket edges of |F - F_hat|."""
+    t = np.asarray(truth, dtype=np.float64)
+    return float(bucket_width * np.abs(np.cumsum(t / t.sum()) - np.cumsum(clip_renormalize(est)))[:-1].sum())
+
+
+def round_metrics(kind: str, truth, est, bucket_width: float = 1.0) -> dict[str, float]:
+    """The per-round error figures logged with each closed round."""
+    if kind == "mean":
+        return {"abs_error": abs(float(est) - float(truth))}
+    err = np.abs(np.asarray(est) - np.asarray(truth))
+    if not np.all(np.isfinite(err)):
+        return {"max_abs": math.nan, "wasserstein": math.nan}
+    return {"max_abs": float(err.max()), "wasserstein": wasserstein(truth, est, bucket_width)}
+
+
+def error_summary(kind: str, truths: list, ests: list, bucket_width: float = 1.0) -> dict[str, float | int | None]:
+    """``error`` of summary.json: mean_abs, max_abs, rmse over every estimated number; for histograms also
+    hist_max_abs (mean over rounds of the max bucket error) and wasserstein (mean over rounds)."""
+    t = np.asarray(truths, dtype=np.float64)
+    e = np.asarray(ests, dtype=np.float64)
+    err = np.abs(e - t)
+    ok = np.isfinite(err) if kind == "mean" else np.all(np.isfinite(err), axis=1)
+    out: dict[str, float | int | None] = {"mean_abs": None, "max_abs": None, "rmse": None,
+                                           "rounds_without_estimate": int(ok.size - ok.sum())}
+    if ok.any():
+        good = err[ok]
+        out.update(mean_abs=float(good.mean()), max_abs=float(good.max()), rmse=float(np.sqrt(np.mean(good**2))))
+    if kind == "histogram":
+        out["hist_max_abs"] = float(err[ok].max(axis=1).mean()) if ok.any() else None
+        out["wasserstein"] = (float(np.mean([wasserstein(t[i], e[i], bucket_width) for i in np.flatnonzero(ok)]))
+                              if ok.any() else None)
+    return out
