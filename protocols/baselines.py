@@ -63,10 +63,12 @@ def kflip_pq(epsilon: float, k: int) -> tuple[float, float]:
 
 
 def kflip_variance(h: np.ndarray, n: int, k: int, epsilon: float) -> np.ndarray:
-    """Exact Var[h_hat(v)] = f (1 - f)/(n (p - q)^2) with f = q + (p - q) h the report frequency of v."""
+    """Exact Var[h_hat(v)] for fixed inputs: the n h devices in bucket v report v with probability p, the
+    others with q, so Var = (h p (1 - p) + (1 - h) q (1 - q)) / (n (p - q)^2). (The often-quoted
+    f (1 - f)/(n (p - q)^2), f = q + (p - q) h, adds the sampling variance of inputs drawn from h.)"""
     p, q = kflip_pq(epsilon, k)
-    f = q + (p - q) * np.asarray(h, dtype=np.float64)
-    return f * (1 - f) / (n * (p - q) ** 2)
+    h = np.asarray(h, dtype=np.float64)
+    return (h * p * (1 - p) + (1 - h) * q * (1 - q)) / (n * (p - q) ** 2)
 
 
 @nb.njit(cache=True)
