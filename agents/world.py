@@ -40,10 +40,14 @@ class Dist:
 
 @dataclass(frozen=True)
 class Group:
+    """A population group. With ``apps`` (weights of c apps), a device's counter is its total over c
+    counters (time in c apps): it splits as w_j (0.5 + u_j), normalized, with keyed per-device u_j."""
+
     name: str
     share: float
     counter: Dist
     jitter_sd: float = 0.0
+    apps: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -108,6 +112,17 @@ class World:
             ids = self.group_ids(g.name)
             self.levels[ids] = g.counter.sample(stream_key(seed, Purpose.LEVEL, 0), ids)
             self.sds[ids] = g.jitter_sd
+        self.counters = len(self.groups[0].apps) if self.groups and self.groups[0].apps else None
+        if self.counters is not None:
+            if any(g.apps is None or len(g.apps) != self.counters for g in self.groups):
+                raise ValueError("every group needs apps weights of the same length")
+            self.split = np.empty((self.n, self.counters), dtype=np.float64)
+            for g in self.groups:
+                ids = self.group_ids(g.name)
+                u = np.stack([keyed.uniform(stream_key(seed, Purpose.SPLIT, j), ids) for j in range(self.counters)],
+                             axis=1)
+                w = np.asarray(g.apps) * (0.5 + u)
+                self.split[ids] = w / w.sum(axis=1, keepdims=True)
         self.day = 0
         self._applied = 0
         self._cache_day = -1
@@ -145,7 +160,7 @@ class World:
 
     def values(self, ids: np.ndarray, day: int | None = None) -> tuple[np.ndarray, int]:
         """Clipped values of devices ``ids`` on ``day`` (default: the current day), and how many of the
-        whole population's values were clipped that day.
+        whole population's values were clipped that day. With apps: one row of c counters per device.
 
         The day's values are computed once for the whole population and shared by every cohort (and by the
         truth), a contiguous id range being served as a view.
@@ -159,6 +174,8 @@ class World:
             self._clipped = int(_values_kernel(self.levels, self.sds, key, self.max_value, self._cache))
             self._cache_day = day
         ids = np.asarray(ids)
-        if ids.size and int(ids[-1]) - int(ids[0]) + 1 == ids.size and ids.ndim == 1:
-            return self._cache[int(ids[0]):int(ids[-1]) + 1], self._clipped
-        return self._cache[ids], self._clipped
+        where = (slice(int(ids[0]), int(ids[-1]) + 1) if ids.size and ids.ndim == 1
+                 and int(ids[-1]) - int(ids[0]) + 1 == ids.size else ids)
+        if self.counters is not None:  # (devices, c): the day's total split over the apps
+            return self._cache[where][:, None] * self.split[where], self._clipped
+        return self._cache[where], self._clipped

@@ -32,7 +32,10 @@ def _check_common(epsilon: float, max_value: float) -> None:
 
 
 class FreshDevices:
-    """Device side shared by the fresh-randomness baselines: one report per round, charged eps."""
+    """Device side shared by the fresh-randomness protocols: one report per round, each charged the
+    protocol's per-report loss ``params.round_epsilon`` under ``reason``."""
+
+    reason = FRESH_REPORT
 
     def __init__(self, params, seed: int, device_ids: np.ndarray) -> None:
         self.params, self.seed = params, int(seed)
@@ -42,18 +45,21 @@ class FreshDevices:
     def report(self, round_: int, values: np.ndarray) -> dict[str, np.ndarray]:
         raise NotImplementedError
 
+    def check_values(self, values: np.ndarray) -> None:
+        if values.shape != self.device_ids.shape:
+            raise ValueError("one value per device is required")
+
     def respond(self, request: CollectionRequest, day: int, values: np.ndarray,
                 now: float) -> tuple[ReportBatch | None, list[Charge]]:
         p = self.params
         if request.protocol != p.name or request.round != day or request.round <= self.last_round:
             return None, []
-        if values.shape != self.device_ids.shape:
-            raise ValueError("one value per device is required")
+        self.check_values(values)
         self.last_round = request.round
         ids = self.device_ids
         return (ReportBatch(round=request.round, protocol=p.name, devices=ids.astype(np.uint32),
                             columns=self.report(request.round, values)),
-                [Charge(request.round, now, FRESH_REPORT, p.epsilon, ids)])
+                [Charge(request.round, now, self.reason, p.round_epsilon, ids)])
 
 
 # ------------------------------------------------------------------------------------------- k-ary RR

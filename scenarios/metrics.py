@@ -31,6 +31,8 @@ def round_metrics(kind: str, truth, est, bucket_width: float = 1.0) -> dict[str,
     if kind == "mean":
         return {"abs_error": abs(float(est) - float(truth))}
     err = np.abs(np.asarray(est) - np.asarray(truth))
+    if kind == "counters":
+        return {"max_abs": float(err.max()) if np.all(np.isfinite(err)) else math.nan}
     if not np.all(np.isfinite(err)):
         return {"max_abs": math.nan, "wasserstein": math.nan}
     return {"max_abs": float(err.max()), "wasserstein": wasserstein(truth, est, bucket_width)}

@@ -69,9 +69,15 @@ def _stack(values: list, k: int | None) -> np.ndarray:
     return np.array([np.full(k, np.nan) if np.ndim(v) == 0 else np.asarray(v, dtype=np.float64) for v in values])
 
 
+def width_of(params: object) -> int | None:
+    """Numbers estimated per round: None for a mean, k for a histogram, c for several counters."""
+    return {"histogram": getattr(params, "buckets", None), "counters": getattr(params, "counters", None)}.get(
+        params.kind)
+
+
 def summary(result: RunResult) -> dict:
     sc, recs = result.scenario, result.rounds
-    k = getattr(sc.protocol, "buckets", None) if sc.protocol.kind == "histogram" else None
+    k = width_of(sc.protocol)
     truth = _stack([r.truth for r in recs], k)
     est = _stack([r.estimate for r in recs], k)
     stats, traffic = result.collector.stats, result.network.traffic
@@ -110,8 +116,18 @@ def _write_estimates(result: RunResult, out: Path) -> None:
         title = f"{sc.name}: {sc.protocol.name}, ε = {sc.protocol.epsilon:g}, n = {sc.devices:,}"
         plots.estimates_plot(out / "estimates.png", rounds, truth, est, sd, title, [c.round for c in sc.changes])
         return
-    k = sc.protocol.buckets
+    k = width_of(sc.protocol)
     truth, est, sd = (_stack([getattr(r, f) for r in recs], k) for f in ("truth", "estimate", "sd_theory"))
+    if sc.protocol.kind == "counters":
+        write_csv(out / "estimates.csv",
+                  ["round", "counter", "truth", "estimate", "error", "theory_sd", "reports", "clipped"],
+                  [np.repeat(rounds, k), np.tile(np.arange(k), len(recs)), truth.ravel(), est.ravel(),
+                   (est - truth).ravel(), sd.ravel(), np.repeat(reports, k), np.repeat(clipped, k)])
+        plots.counters_plot(out / "estimates.png", rounds, truth, est, sd,
+                            f"{sc.name}: {sc.protocol.name}, c = {k}, ε = {sc.protocol.epsilon:g} per counter "
+                            f"(joint {sc.protocol.round_epsilon:.3g}), n = {sc.devices:,}",
+                            [c.round for c in sc.changes])
+        return
     width = bucket_width(sc.protocol)
     bucket = np.tile(np.arange(k), len(recs))
     write_csv(out / "estimates.csv",

@@ -89,3 +89,24 @@ def histogram_plot(path: Path, rounds: np.ndarray, per_round: list[dict[str, flo
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def counters_plot(path: Path, rounds: np.ndarray, truth: np.ndarray, est: np.ndarray, sd: np.ndarray,
+                  title: str, change_rounds: list[int]) -> None:
+    """One panel: each counter's truth (line, with the ±1.96 sd band) and estimate (dots)."""
+    fig, ax = plt.subplots(figsize=(9, 5))
+    for j in range(truth.shape[1]):
+        color = f"C{j % 10}"
+        ax.fill_between(rounds, truth[:, j] - 1.96 * sd[:, j], truth[:, j] + 1.96 * sd[:, j], color=color,
+                        alpha=0.12)
+        ax.plot(rounds, truth[:, j], color=color, lw=2, label=f"counter {j}: truth")
+        ax.plot(rounds, est[:, j], "o", color=color, ms=3.5, label=f"counter {j}: estimate")
+    for r in change_rounds:
+        ax.axvline(r, color="grey", ls=":", lw=1)
+    ax.set_xlabel("round")
+    ax.set_ylabel("mean counter")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

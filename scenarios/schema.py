@@ -18,10 +18,11 @@ from collector.network import NetworkParams
 from protocols.base import ProtocolParams
 from protocols.baselines import KFLIP, LAPLACE, KFlipParams, LaplaceParams
 from protocols.dbitflip import BINFLIP, DBITFLIP, DBITFLIPPM, DBitFlipParams
+from protocols.multicounter import MULTI, MultiParams
 from protocols.onebit import MEMOIZED, NAIVE, OneBitParams
 
 SHIPPED = Path(__file__).resolve().parent
-PROTOCOLS = (NAIVE, MEMOIZED, DBITFLIP, DBITFLIPPM, BINFLIP, KFLIP, LAPLACE)
+PROTOCOLS = (NAIVE, MEMOIZED, DBITFLIP, DBITFLIPPM, BINFLIP, KFLIP, LAPLACE, MULTI)
 
 
 class ScenarioError(ValueError):
@@ -137,6 +138,9 @@ def _protocol(pt: _Table) -> ProtocolParams:
         params: ProtocolParams = OneBitParams(name, epsilon, max_value, gran, pt.get("gamma", float, 0.0, **gamma_ok))
     elif name == LAPLACE:
         params = LaplaceParams(name, epsilon, max_value)
+    elif name == MULTI:
+        params = MultiParams(name, epsilon, max_value,
+                             pt.get("counters", int, check=lambda v: 1 <= v <= 64, what="an integer in [1, 64]"))
     else:
         k = pt.get("buckets", int, check=lambda v: 2 <= v <= 65_536, what="an integer in [2, 65536]")
         if name == KFLIP:
@@ -172,8 +176,11 @@ def parse(data: dict[str, Any]) -> Scenario:
         counter = _dist(t.table("counter"))
         jitter = _jitter(t.table("jitter")) if "jitter" in g else 0.0
         t.used.add("jitter")
+        apps = t.get("apps", list, None, check=lambda v: 1 <= len(v) <= 64 and all(
+            isinstance(w, (int, float)) and not isinstance(w, bool) and w > 0 and math.isfinite(w) for w in v),
+            what="an array of 1 to 64 positive weights")
         t.done()
-        groups.append(Group(gname, share, counter, jitter))
+        groups.append(Group(gname, share, counter, jitter, tuple(float(w) for w in apps) if apps else None))
     names = [g.name for g in groups]
     if len(set(names)) != len(names):
         raise ScenarioError("population.groups: group names must be distinct")
@@ -198,6 +205,12 @@ def parse(data: dict[str, Any]) -> Scenario:
         changes.append(Change(rnd, group, counter, jitter, fraction))
 
     protocol = _protocol(top.table("protocol"))
+    for i, g in enumerate(groups):
+        if protocol.name == MULTI and (g.apps is None or len(g.apps) != protocol.counters):
+            raise ScenarioError(f"population.groups[{i}].apps: {MULTI} needs {protocol.counters} app weights "
+                                f"(protocol.counters) in every group")
+        if protocol.name != MULTI and g.apps is not None:
+            raise ScenarioError(f"population.groups[{i}].apps: only the {MULTI} protocol collects several counters")
     st = top.table("simulation", default=None)
     sim = Simulation(
         cohort_size=st.get("cohort_size", int, 10_000, check=lambda v: v >= 1, what="an integer >= 1"),
