@@ -8,6 +8,7 @@ clipped before any mechanism sees them, and the clipping is counted). Every draw
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numba as nb
@@ -17,9 +18,21 @@ from protocols import keyed
 from protocols.keyed import Purpose, stream_key
 
 
+@nb.njit(cache=True)
+def _truncated_normal_kernel(key, ids, mean, sd, lo, hi, out):
+    """Exact inverse-CDF sampling of N(mean, sd) restricted to [lo, hi]."""
+    a = 0.5 * math.erfc(-(lo - mean) / (sd * math.sqrt(2.0)))
+    b = 0.5 * math.erfc(-(hi - mean) / (sd * math.sqrt(2.0)))
+    for i in range(ids.shape[0]):
+        u = a + (b - a) * ((np.float64(keyed.uniform1(key, np.uint64(ids[i]))) * (1.0 - 2e-16)) + 1e-16)
+        v = mean + sd * keyed.inverse_normal_cdf(min(max(u, 1e-300), 1.0 - 1e-16))
+        out[i] = min(max(v, lo), hi)
+
+
 @dataclass(frozen=True)
 class Dist:
-    """A counter distribution: ``constant`` (value), ``uniform`` (low, high) or ``normal`` (mean, sd)."""
+    """A counter distribution: ``constant`` (value), ``uniform`` (low, high) or ``normal`` (mean, sd;
+    ``truncate`` restricts it to [0, max_value] exactly instead of clipping values to the range)."""
 
     kind: str
     value: float = 0.0
@@ -27,12 +40,18 @@ class Dist:
     high: float = 0.0
     mean: float = 0.0
     sd: float = 0.0
+    truncate: bool = False
 
-    def sample(self, key: int, ids: np.ndarray) -> np.ndarray:
+    def sample(self, key: int, ids: np.ndarray, max_value: float = math.inf) -> np.ndarray:
         if self.kind == "constant":
             return np.full(ids.shape[0], self.value, dtype=np.float64)
         if self.kind == "uniform":
             return self.low + (self.high - self.low) * keyed.uniform(key, ids)
+        if self.kind == "normal" and self.truncate and self.sd > 0:
+            out = np.empty(ids.shape[0], dtype=np.float64)
+            _truncated_normal_kernel(np.uint64(key), np.ascontiguousarray(ids, dtype=np.int64), self.mean,
+                                     self.sd, 0.0, max_value, out)
+            return out
         if self.kind == "normal":
             return self.mean + self.sd * keyed.normal(key, ids)
         raise ValueError(f"unknown distribution {self.kind!r}")
@@ -110,7 +129,7 @@ class World:
         self.sds = np.empty(self.n, dtype=np.float64)
         for gi, g in enumerate(self.groups):
             ids = self.group_ids(g.name)
-            self.levels[ids] = g.counter.sample(stream_key(seed, Purpose.LEVEL, 0), ids)
+            self.levels[ids] = g.counter.sample(stream_key(seed, Purpose.LEVEL, 0), ids, self.max_value)
             self.sds[ids] = g.jitter_sd
         self.counters = len(self.groups[0].apps) if self.groups and self.groups[0].apps else None
         if self.counters is not None:
@@ -150,7 +169,8 @@ class World:
             if ch.fraction < 1.0:
                 ids = ids[keyed.uniform(stream_key(self.seed, Purpose.AFFECTED, self._applied), ids) < ch.fraction]
             if ch.counter is not None:
-                self.levels[ids] = ch.counter.sample(stream_key(self.seed, Purpose.LEVEL, self._applied), ids)
+                self.levels[ids] = ch.counter.sample(stream_key(self.seed, Purpose.LEVEL, self._applied), ids,
+                                                      self.max_value)
             if ch.jitter_sd is not None:
                 self.sds[ids] = ch.jitter_sd
             applied.append(ch)

@@ -107,7 +107,8 @@ def _dist(t: _Table) -> Dist:
             raise ScenarioError(f"{t.path('high')}: must be >= low ({low}), got {high}")
         d = Dist("uniform", low=low, high=high)
     else:
-        d = Dist("normal", mean=t.get("mean", float), sd=t.get("sd", float, check=lambda v: v >= 0, what=">= 0"))
+        d = Dist("normal", mean=t.get("mean", float), sd=t.get("sd", float, check=lambda v: v >= 0, what=">= 0"),
+                 truncate=t.get("truncate", bool, False))
     t.done()
     return d
 
