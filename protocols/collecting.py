@@ -34,7 +34,7 @@ class Column:
         want = np.dtype(self.dtype)
         if col.dtype.kind != want.kind or col.dtype.itemsize > want.itemsize:
             raise ProtocolError(f"column {self.name!r} must be {want.kind}{want.itemsize}, got {col.dtype}")
-        shape_ok = col.ndim == 1 if self.width == 1 else (col.ndim == 2 and col.shape[1] == self.width)
+        shape_ok = (col.ndim == 2 and col.shape[1] == self.width) or (col.ndim == 1 and self.width == 1)
         if not shape_ok:
             raise ProtocolError(f"column {self.name!r} must have {self.width} value(s) per device")
         if col.size:

@@ -146,9 +146,14 @@ def _sample_j(ids, k, d, key, out):
                 if out[i, c] == t:
                     dup = True
                     break
-            out[i, count] = j if dup else t
+            # insertion into the sorted prefix (d is small): J stays sorted without a per-row sort call
+            v = j if dup else t
+            c = count
+            while c > 0 and out[i, c - 1] > v:
+                out[i, c] = out[i, c - 1]
+                c -= 1
+            out[i, c] = v
             count += 1
-        out[i, :].sort()
 
 
 @nb.njit(cache=True)
