@@ -1,4 +1,5 @@
-"""The command line: ``ldpsim run SCENARIO [--out DIR] [--set KEY=VALUE ...]``.
+"""The command line: ``ldpsim run SCENARIO [--out DIR] [--set KEY=VALUE ...]`` and
+``ldpsim sweep SCENARIO --grid KEY=V1,V2,... --repeat R --out DIR`` (see scenarios/sweep.py).
 
 Errors in the scenario or the arguments print one line naming what is wrong and exit with status 2.
 """
@@ -61,6 +62,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from scenarios import sweep as sweeps  # heavy imports only for this command
+
+    sw = sweeps.plan(args.scenario, args.grid, args.repeat, args.workers, args.set)
+    for warning in sw.warnings:
+        print(f"ldpsim: warning: {warning}", file=sys.stderr)
+    out = Path(args.out)
+    outcome = sweeps.execute(sw, out, force=args.force, quiet=args.quiet)
+    print(f"ldpsim: sweep {sw.name}: {outcome.finished} run(s) finished now, {outcome.skipped} already done, "
+          f"{outcome.failed} failed, of {outcome.total}; {out / 'results.csv'} and {len(outcome.plots)} plot(s)",
+          file=sys.stderr)
+    if outcome.failed:
+        print(f"ldpsim: {outcome.failed} run(s) failed: see {out / 'failed.jsonl'}; "
+              "repeat the command to retry them", file=sys.stderr)
+        return 1
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="ldpsim", description="Simulate privacy-preserving telemetry collection.")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -75,6 +94,28 @@ def parser() -> argparse.ArgumentParser:
                      help="skip ledger.csv (one row per device and charge); spend.csv is always written")
     run.add_argument("--json", action="store_true", help="also print summary.json")
     run.set_defaults(func=cmd_run)
+
+    sw = sub.add_parser(
+        "sweep", help="run a scenario over a grid of parameter values, repeated with derived seeds",
+        description="Run SCENARIO at every point of the grid (the cross product of the --grid values), R times "
+                    "each; repetition r uses the same derived seed at every point. Writes runs.jsonl, "
+                    "results.csv, sweep.json, failed.jsonl (if runs fail) and error_*.png to --out. Repeating "
+                    "the command resumes: only runs missing from runs.jsonl are run.")
+    sw.add_argument("scenario", help="a scenario .toml file (may hold a [sweep] table), or a shipped name")
+    sw.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2,...",
+                    help="sweep a scenario key over TOML values, e.g. --grid protocol.epsilon=0.5,1,2 or "
+                         "--grid 'population.groups.0.counter={dist=\"constant\",value=12},{...}'; repeatable "
+                         "(cross product); replaces that key's values from the file's [sweep.grid]")
+    sw.add_argument("--repeat", metavar="R", help="repetitions per grid point (overrides [sweep] repeat)")
+    sw.add_argument("--workers", metavar="W",
+                    help="worker processes (default: [sweep] workers, else min(2, CPUs)); 1 runs in-process")
+    sw.add_argument("--out", required=True, metavar="DIR", help="sweep directory (created; resumed if it "
+                                                                 "holds the same sweep)")
+    sw.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a scenario key at every grid point, e.g. --set population.devices=5000")
+    sw.add_argument("--force", action="store_true", help="start over in --out, even if it holds another sweep")
+    sw.add_argument("--quiet", action="store_true", help="no progress bar")
+    sw.set_defaults(func=cmd_sweep)
     return ap
 
 

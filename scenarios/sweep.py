@@ -1,0 +1,591 @@
+"""Parameter sweeps: ``ldpsim sweep SCENARIO --grid KEY=V1,V2,... --repeat R --out DIR``.
+
+A sweep runs every point of a grid (the cross product of each grid key's values, applied to the scenario like
+``--set``) R times. Repetition r of every point uses the seed ``stream_key(base_seed, SWEEP_PURPOSE, r)``
+masked to 63 bits: the same seeds at every point (common random numbers), so points are compared on equal
+draws. Runs go to a pool of worker processes; each returns only ``output.summary`` of its run.
+
+DIR holds ``sweep.json`` (the definition, written first), ``runs.jsonl`` (one line per finished run, appended
+as runs finish), ``failed.jsonl`` (runs that raised in the latest invocation, with their tracebacks),
+``results.csv`` (one tidy row per run) and one ``error_<name>.png`` per error figure. Re-running the same
+sweep into DIR runs only the (point, repetition) pairs missing from runs.jsonl, so an interrupted or partly
+failed sweep is resumed by repeating the command.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+import math
+import os
+import signal
+import sys
+import tomllib
+import traceback
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from protocols.keyed import stream_key
+from scenarios.schema import ScenarioError, _parse_value, apply_overrides, parse, resolve_path
+
+SWEEP_PURPOSE = 100  # stream tag of repetition seeds; beyond protocols.keyed.Purpose so no stream collides
+SEED_MASK = (1 << 63) - 1
+FIXED_COLUMNS = ("repetition", "seed", "devices", "protocol")
+_SWEEP_KEYS = ("repeat", "workers", "grid")
+_IDENTITY = ("scenario_data", "grid", "repeat", "seeds")  # what makes two sweep.json the same sweep
+
+
+# ------------------------------------------------------------------------------------------- definition
+@dataclass(frozen=True)
+class Sweep:
+    """A validated sweep: the base scenario (``--set`` applied, no [sweep] table), the grid and its seeds."""
+
+    scenario_path: Path
+    overrides: list[str]
+    base: dict[str, Any]
+    grid: dict[str, list[Any]]  # key -> values, in axis order (the first key is the plots' x axis)
+    repeat: int
+    workers: int
+    seeds: list[int]
+    warnings: tuple[str, ...] = ()  # scenario warnings of the grid points (valid but probably not meant)
+
+    @property
+    def keys(self) -> list[str]:
+        return list(self.grid)
+
+    @property
+    def points(self) -> list[tuple[Any, ...]]:
+        """The cross product, last key varying fastest."""
+        return list(itertools.product(*self.grid.values()))
+
+    @property
+    def name(self) -> str:
+        return str(self.base.get("name", self.scenario_path.stem))
+
+    def definition(self) -> dict[str, Any]:
+        """The content of sweep.json."""
+        return {"scenario": str(self.scenario_path), "overrides": self.overrides, "grid": self.grid,
+                "repeat": self.repeat, "base_seed": self.base.get("seed", 0), "seed_purpose": SWEEP_PURPOSE,
+                "seeds": self.seeds, "scenario_data": self.base}
+
+    def point_data(self, point: tuple[Any, ...]) -> dict[str, Any]:
+        """The scenario dict of one grid point, built with ``schema.apply_overrides``."""
+        data = self.base
+        for key, value in zip(self.keys, point):
+            data = _apply(data, key, value)
+        return data
+
+
+def derive_seeds(base_seed: int, repeat: int) -> list[int]:
+    """The seed of each repetition: ``stream_key(base_seed, SWEEP_PURPOSE, r) & (2**63 - 1)``."""
+    return [stream_key(base_seed, SWEEP_PURPOSE, r) & SEED_MASK for r in range(repeat)]
+
+
+def split_values(text: str) -> list[str]:
+    """Split ``V1,V2,...`` on the commas outside brackets, braces and quotes."""
+    parts, depth, quote, start, i = [], 0, "", 0, 0
+    while i < len(text):
+        c = text[i]
+        if quote:
+            if c == "\\" and quote == '"':
+                i += 1
+            elif c == quote:
+                quote = ""
+        elif c in "\"'":
+            quote = c
+        elif c in "[{":
+            depth += 1
+        elif c in "]}":
+            depth -= 1
+            if depth < 0:
+                raise ValueError(f"unbalanced {c!r}")
+        elif c == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+        i += 1
+    if quote or depth:
+        raise ValueError("unclosed quote" if quote else "unclosed bracket or brace")
+    parts.append(text[start:])
+    return [p.strip() for p in parts]
+
+
+def parse_grid_arg(item: str) -> tuple[str, list[Any]]:
+    """One ``--grid KEY=V1,V2,...``: the key and its values (TOML values, else bare strings like ``--set``)."""
+    key, sep, text = item.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ScenarioError(f"--grid {item!r}: expected KEY=V1,V2,...")
+    try:
+        texts = split_values(text)
+    except ValueError as exc:
+        raise ScenarioError(f"--grid {key}: {exc} in {text!r}") from None
+    if any(not t for t in texts):
+        raise ScenarioError(f"--grid {key}: empty value in {text!r}")
+    return key, [_parse_value(t) for t in texts]
+
+
+def toml_text(value: Any) -> str:
+    """A value as TOML text (the inverse of ``schema._parse_value``), to feed ``apply_overrides``."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return "nan" if math.isnan(value) else repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(toml_text(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(str(k))} = {toml_text(v)}" for k, v in value.items()) + "}"
+    raise ScenarioError(f"grid value {value!r}: only numbers, strings, booleans, arrays and tables can be swept")
+
+
+def _apply(data: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
+    try:
+        return apply_overrides(data, [f"{key}={toml_text(value)}"])
+    except ScenarioError as exc:
+        raise ScenarioError(str(exc).replace("--set ", "--grid ", 1)) from None
+
+
+def _canon(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def value_labels(values: list[Any]) -> list[str]:
+    """Short text for each value of one grid key: a table by its ``dist`` (else compact JSON); if two values
+    would share a label, every value of the key is shown as compact JSON instead."""
+    def short(v: Any) -> str:
+        if isinstance(v, dict):
+            return str(v["dist"]) if isinstance(v.get("dist"), str) else _canon(v)
+        if isinstance(v, list):
+            return _canon(v)
+        return _cell(v)
+
+    labels = [short(v) for v in values]
+    return labels if len(set(labels)) == len(labels) else [_canon(v) for v in values]
+
+
+def _positive_int(value: Any, what: str) -> int:
+    """An integer >= 1; command-line text is converted first, file values must already be integers."""
+    if isinstance(value, str) and what.startswith("--"):
+        try:
+            value = int(value.strip())
+        except ValueError:
+            raise ScenarioError(f"{what}: must be an integer >= 1, got {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ScenarioError(f"{what}: must be an integer >= 1, got {value!r}")
+    return value
+
+
+def _file_grid(table: Any, where: str) -> dict[str, list[Any]]:
+    """[sweep.grid]: dotted keys (quoted, or nested tables) to non-empty arrays of values."""
+    if not isinstance(table, dict):
+        raise ScenarioError(f"{where}: must be a table of KEY = [values]")
+    out: dict[str, list[Any]] = {}
+    for key, values in table.items():
+        if isinstance(values, dict):
+            out.update({f"{key}.{k}": v for k, v in _file_grid(values, f"{where}.{key}").items()})
+        elif not isinstance(values, list) or not values:
+            raise ScenarioError(f"{where}.{key}: must be a non-empty array of values, got {values!r}")
+        else:
+            out[key] = values
+    return out
+
+
+def plan(spec: str, grid_args: list[str], repeat: str | int | None = None, workers: str | int | None = None,
+         overrides: list[str] | None = None) -> Sweep:
+    """Load the scenario, merge its [sweep] table with the command line, and validate every grid point.
+
+    A ``--grid`` key replaces that key's values from [sweep.grid]; other file keys are kept (file order
+    first). Raises ScenarioError naming the key and value of the first point that does not validate."""
+    path = resolve_path(spec)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ScenarioError(f"{path}: not valid TOML: {exc}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ScenarioError(f"{path}: cannot read: {exc}") from None
+    table = data.pop("sweep", {})
+    if not isinstance(table, dict):
+        raise ScenarioError("sweep: must be a table")
+    for k in table:
+        if k not in _SWEEP_KEYS:
+            raise ScenarioError(f"sweep.{k}: unknown key (expected one of {list(_SWEEP_KEYS)})")
+    grid = _file_grid(table.get("grid", {}), "sweep.grid")
+    seen: set[str] = set()
+    for item in grid_args:
+        key, values = parse_grid_arg(item)
+        if key in seen:
+            raise ScenarioError(f"--grid {key}: given twice")
+        seen.add(key)
+        grid[key] = values
+    if not grid:
+        raise ScenarioError("no grid: give --grid KEY=V1,V2,... or a [sweep.grid] table in the scenario")
+    for key, values in grid.items():
+        if key == "seed":
+            raise ScenarioError("--grid seed: the seed cannot be swept; repetitions derive their seeds from it")
+        canon = [_canon(v) for v in values]
+        if len(set(canon)) != len(canon):
+            dup = next(v for v, c in zip(values, canon) if canon.count(c) > 1)
+            raise ScenarioError(f"--grid {key}: value {toml_text(dup)} given twice")
+    if repeat is None and "repeat" not in table:
+        raise ScenarioError("--repeat: required (or repeat = R in the scenario's [sweep] table)")
+    n_rep = _positive_int(repeat if repeat is not None else table["repeat"],
+                          "--repeat" if repeat is not None else "sweep.repeat")
+    if workers is not None:
+        n_workers = _positive_int(workers, "--workers")
+    elif "workers" in table:
+        n_workers = _positive_int(table["workers"], "sweep.workers")
+    else:
+        n_workers = min(2, os.cpu_count() or 1)
+    overrides = list(overrides or [])
+    base = apply_overrides(data, overrides)
+    seed = base.get("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+        raise ScenarioError(f"seed: must be an integer in [0, 2^63), got {seed!r}")
+    warnings = _validate(base, grid)
+    return Sweep(path, overrides, base, grid, n_rep, n_workers, derive_seeds(seed, n_rep),
+                 tuple(warnings))
+
+
+def _validate(base: dict[str, Any], grid: dict[str, list[Any]]) -> list[str]:
+    """Each key's values alone on the base scenario first (so the error names that key and value), then
+    every point of the cross product. Returns the points' distinct scenario warnings."""
+    warnings: dict[str, None] = {}
+
+    def check(pairs: list[tuple[str, Any]]) -> None:
+        data = base
+        for key, value in pairs:
+            data = _apply(data, key, value)
+        try:
+            warnings.update(dict.fromkeys(parse(data).warnings))
+        except ScenarioError as exc:
+            shown = ", ".join(f"{k}={toml_text(v)}" for k, v in pairs)
+            raise ScenarioError(f"--grid {shown}: {exc}" if len(pairs) == 1 else f"grid point {shown}: {exc}") \
+                from None
+
+    for key, values in grid.items():
+        for v in values:
+            check([(key, v)])
+    if len(grid) > 1:
+        for point in itertools.product(*grid.values()):
+            check(list(zip(grid, point)))
+    return list(warnings)
+
+
+# -------------------------------------------------------------------------------------------- running
+def run_job(job: tuple[int, int, int, dict[str, Any]]) -> dict[str, Any]:
+    """Run one (point, repetition) in this process; a run that raises comes back as an error record."""
+    index, rep, seed, data = job
+    try:
+        from scenarios import output, runner
+
+        result = runner.run(parse(data))
+        return {"index": index, "repetition": rep, "seed": seed, "summary": output.summary(result)}
+    except Exception as exc:  # noqa: BLE001 - a failed run is recorded, the sweep carries on
+        return {"index": index, "repetition": rep, "seed": seed, "error": f"{type(exc).__name__}: {exc}",
+                "traceback": traceback.format_exc()}
+
+
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is handled by the parent, which stops the pool
+
+
+def run_jobs(jobs: list[tuple[int, int, int, dict[str, Any]]], workers: int) -> Iterator[dict[str, Any]]:
+    """Results of ``run_job`` as they finish: in this process for one worker, else in a process pool."""
+    if workers <= 1:
+        for job in jobs:
+            yield run_job(job)
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_ignore_sigint)
+    futures = {pool.submit(run_job, job): job for job in jobs}
+    try:
+        for fut in as_completed(futures):
+            try:
+                yield fut.result()
+            except Exception as exc:  # noqa: BLE001 - the worker itself died (e.g. killed for memory)
+                index, rep, seed, _ = futures[fut]
+                yield {"index": index, "repetition": rep, "seed": seed, "error": f"{type(exc).__name__}: {exc}",
+                       "traceback": "".join(traceback.format_exception(exc))}
+    except BaseException:
+        procs = list((getattr(pool, "_processes", None) or {}).values())
+        for proc in procs:  # interrupted: stop the runs in progress rather than wait for them
+            proc.terminate()
+        for proc in procs:
+            proc.join(timeout=5)
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
+
+
+def _json_default(o: Any) -> Any:
+    if hasattr(o, "tolist"):  # numpy scalars and arrays
+        return o.tolist()
+    raise TypeError(f"{type(o).__name__} is not JSON serializable")
+
+
+def _dumps(o: Any, **kw: Any) -> str:
+    return json.dumps(o, default=_json_default, **kw)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+@dataclass
+class Outcome:
+    """What one invocation did."""
+
+    total: int
+    skipped: int
+    finished: int
+    failed: int
+    plots: list[Path]
+
+
+def _prepare(sweep: Sweep, out: Path, force: bool) -> None:
+    """Check DIR against sweep.json (refuse a different sweep unless ``force``) and write sweep.json."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ScenarioError(f"--out {out}: cannot create the sweep directory: {exc.strerror or exc}") from None
+    if not out.is_dir():
+        raise ScenarioError(f"--out {out}: not a directory")
+    mine = json.loads(_dumps(sweep.definition()))
+    meta, runs = out / "sweep.json", out / "runs.jsonl"
+    if not force:
+        if meta.exists():
+            try:
+                theirs = json.loads(meta.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                theirs = {}
+            diff = [k for k in _IDENTITY if theirs.get(k) != mine[k]]
+            if diff:
+                raise ScenarioError(f"--out {out}: holds a different sweep ({', '.join(diff)} differ); "
+                                    "pass --force to start over or choose another directory")
+        elif runs.exists():
+            raise ScenarioError(f"--out {out}: holds runs.jsonl but no sweep.json; pass --force to start over")
+    else:
+        for name in ("runs.jsonl", "failed.jsonl", "results.csv", "sweep.json"):
+            (out / name).unlink(missing_ok=True)
+        for png in out.glob("error_*.png"):
+            png.unlink()
+    _write_atomic(meta, json.dumps(mine, indent=2) + "\n")
+
+
+def load_records(sweep: Sweep, out: Path) -> dict[tuple[int, int], dict[str, Any]]:
+    """The finished runs in DIR/runs.jsonl by (point index, repetition). Lines that cannot be read or do
+    not belong to this sweep (e.g. a line cut short by a kill) are dropped from the file, with a warning."""
+    path = out / "runs.jsonl"
+    if not path.exists():
+        return {}
+    index = {_canon(list(p)): i for i, p in enumerate(sweep.points)}
+    records: dict[tuple[int, int], dict[str, Any]] = {}
+    kept, dropped = [], 0
+    text = path.read_text(encoding="utf-8")
+    for line in text.splitlines():
+        try:
+            rec = json.loads(line)
+            i = index[_canon([rec["point"][k] for k in sweep.keys])]
+            rep = rec["repetition"]
+            ok = (len(rec["point"]) == len(sweep.keys) and isinstance(rep, int) and 0 <= rep < sweep.repeat
+                  and rec["seed"] == sweep.seeds[rep] and isinstance(rec["summary"], dict)
+                  and (i, rep) not in records)
+        except (ValueError, KeyError, TypeError, IndexError):
+            ok = False
+        if ok:
+            records[(i, rep)] = rec
+            kept.append(line)
+        elif line.strip():
+            dropped += 1
+    if dropped or (text and not text.endswith("\n")):
+        if dropped:
+            print(f"ldpsim: warning: {path}: dropped {dropped} unreadable or foreign line(s)", file=sys.stderr)
+        _write_atomic(path, "".join(line + "\n" for line in kept))
+    return records
+
+
+def execute(sweep: Sweep, out: Path, force: bool = False, quiet: bool = False) -> Outcome:
+    """Run the missing runs of ``sweep`` into ``out``, then rebuild results.csv and the plots."""
+    _prepare(sweep, out, force)
+    points = sweep.points
+    done = load_records(sweep, out)
+    todo = [(i, r) for r in range(sweep.repeat) for i in range(len(points)) if (i, r) not in done]
+    failed_path = out / "failed.jsonl"
+    failed_path.unlink(missing_ok=True)
+    workers = max(1, min(sweep.workers, len(todo)))
+    print(f"ldpsim: sweep {sweep.name}: {len(points)} grid points x {sweep.repeat} repetitions = "
+          f"{len(points) * sweep.repeat} runs ({len(done)} already done), {workers} worker(s) -> {out}",
+          file=sys.stderr)
+
+    point_data = [sweep.point_data(p) for p in points]
+    jobs = [(i, r, sweep.seeds[r], {**point_data[i], "seed": sweep.seeds[r]}) for i, r in todo]
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(jobs), unit="run", desc="sweep", file=sys.stderr, dynamic_ncols=True, disable=quiet)
+    finished = failed = 0
+    failed_file = None
+    try:
+        with open(out / "runs.jsonl", "a", encoding="utf-8") as runs:
+            for res in run_jobs(jobs, workers):
+                i, rep = res["index"], res["repetition"]
+                head = {"point": dict(zip(sweep.keys, points[i])), "repetition": rep, "seed": res["seed"]}
+                if "summary" in res:
+                    runs.write(_dumps({**head, "summary": res["summary"]}) + "\n")
+                    runs.flush()
+                    finished += 1
+                else:
+                    if failed_file is None:
+                        failed_file = open(failed_path, "a", encoding="utf-8")
+                    failed_file.write(_dumps({**head, "error": res["error"], "traceback": res["traceback"]}) + "\n")
+                    failed_file.flush()
+                    failed += 1
+                    bar.set_postfix(failed=failed)
+                bar.update(1)
+    finally:
+        bar.close()
+        if failed_file is not None:
+            failed_file.close()
+    plots = rebuild(sweep, out)
+    return Outcome(len(points) * sweep.repeat, len(done), finished, failed, plots)
+
+
+# ------------------------------------------------------------------------------------------ the results
+def _cell(v: Any) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float):
+        return repr(v)
+    if isinstance(v, (dict, list)):
+        return _canon(v)
+    return str(v)
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def tidy(sweep: Sweep, records: dict[tuple[int, int], dict[str, Any]]) -> tuple[list[str], list[dict[str, Any]]]:
+    """The columns and rows of results.csv (one row per run, ordered by point then repetition). Varied keys
+    hold labels (see ``value_labels``); missing figures are None."""
+    labels = {k: dict(zip(map(_canon, vs), value_labels(vs))) for k, vs in sweep.grid.items()}
+    ordered = [records[key] for key in sorted(records)]
+    err_names: list[str] = []
+    eps_names: list[str] = []
+    for rec in ordered:
+        s = rec["summary"]
+        err_names += [k for k, v in s.get("error", {}).items() if _number(v) and k not in err_names]
+        eps_names += [k for k in s.get("epsilon", {}) if k not in eps_names]
+    header = [*sweep.keys, *FIXED_COLUMNS, *(f"error_{k}" for k in err_names),
+              *(f"epsilon_{k}" for k in eps_names), "wall_seconds"]
+    rows = []
+    for rec in ordered:
+        s = rec["summary"]
+        row: dict[str, Any] = {k: labels[k][_canon(rec["point"][k])] for k in sweep.keys}
+        row.update(repetition=rec["repetition"], seed=rec["seed"], devices=s.get("devices"),
+                   protocol=s.get("protocol"))
+        err, eps = s.get("error", {}), s.get("epsilon", {})
+        row.update({f"error_{k}": err.get(k) if _number(err.get(k)) else None for k in err_names})
+        row.update({f"epsilon_{k}": eps.get(k) for k in eps_names})
+        row["wall_seconds"] = s.get("wall_seconds")
+        rows.append(row)
+    return header, rows
+
+
+def write_results(path: Path, header: list[str], rows: list[dict[str, Any]]) -> None:
+    """results.csv, written atomically."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8", newline="") as f:
+        w = csv.writer(f, lineterminator="\n")
+        w.writerow(header)
+        w.writerows([_cell(row[c]) for c in header] for row in rows)
+    os.replace(tmp, path)
+
+
+def log_axis(values: Iterable[Any]) -> bool:
+    """Whether an x axis should be logarithmic: all values positive numbers spanning more than a factor 20."""
+    vs = list(values)
+    return bool(vs) and all(_number(v) and v > 0 for v in vs) and max(vs) / min(vs) > 20
+
+
+def plot_figures(sweep: Sweep, header: list[str], rows: list[dict[str, Any]], out: Path) -> list[Path]:
+    """One PNG per error column with numbers: mean over repetitions +- one standard error against the first
+    varied key, one line per combination of the other varied keys."""
+    import matplotlib
+    import matplotlib.ticker
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    xkey, others = sweep.keys[0], sweep.keys[1:]
+    xvals = sweep.grid[xkey]
+    xlabels = value_labels(xvals)
+    numeric = all(_number(v) for v in xvals)
+    xpos = [float(v) for v in xvals] if numeric else list(range(len(xvals)))
+    xindex = {lab: j for j, lab in enumerate(xlabels)}
+    order = {k: {lab: j for j, lab in enumerate(value_labels(sweep.grid[k]))} for k in others}
+    written = []
+    for col in (c for c in header if c.startswith("error_")):
+        groups: dict[tuple[str, ...], dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+        for row in rows:
+            if _number(row[col]):
+                groups[tuple(row[k] for k in others)][xindex[row[xkey]]].append(float(row[col]))
+        if not groups:
+            continue
+        fig, ax = plt.subplots(figsize=(8, 5))
+        for combo in sorted(groups, key=lambda c: [order[k][lab] for k, lab in zip(others, c)]):
+            by_x = groups[combo]
+            js = sorted(by_x, key=lambda j: xpos[j])
+            ys = [by_x[j] for j in js]
+            mean = [float(np.mean(y)) for y in ys]
+            se = [float(np.std(y, ddof=1) / math.sqrt(len(y))) if len(y) > 1 else 0.0 for y in ys]
+            label = ", ".join(f"{k}={v}" for k, v in zip(others, combo)) or None
+            ax.errorbar([xpos[j] for j in js], mean, yerr=se, marker="o", ms=4, capsize=3, lw=1.2, label=label)
+        if numeric and log_axis(xvals):
+            ax.set_xscale("log")
+            ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+            if len(xvals) <= 12:
+                ax.set_xticks(xpos, xlabels)
+        if not numeric:
+            ax.set_xlim(-0.5, len(xvals) - 0.5)
+            ax.set_xticks(xpos, xlabels, rotation=20 if max(map(len, xlabels)) > 12 else 0, ha="right"
+                          if max(map(len, xlabels)) > 12 else "center", fontsize=8)
+        ax.set_xlabel(xkey)
+        ax.set_ylabel(col)
+        ax.set_title(f"{sweep.name}: {col} (mean ± 1 s.e. over {sweep.repeat} repetition"
+                     f"{'s' if sweep.repeat != 1 else ''})", fontsize=10)
+        if others:
+            ax.legend(fontsize=7, loc="best")
+        ax.grid(True, alpha=0.3)
+        fig.tight_layout()
+        path = out / f"{col}.png"
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def rebuild(sweep: Sweep, out: Path) -> list[Path]:
+    """results.csv and the plots from runs.jsonl; stale error_*.png files are removed."""
+    records = load_records(sweep, out)
+    header, rows = tidy(sweep, records)
+    write_results(out / "results.csv", header, rows)
+    plots = plot_figures(sweep, header, rows, out) if rows else []
+    for png in out.glob("error_*.png"):
+        if png not in plots:
+            png.unlink()
+    return plots

@@ -1,0 +1,358 @@
+"""``ldpsim sweep``: the grid and its derived seeds, the tidy table, worker-count independence, resuming an
+interrupted sweep, refusing a different sweep, up-front validation, [sweep] tables, table-valued grid values,
+failed runs and plots. Tiny runs (300 devices, 2 rounds) keep the whole file fast."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from protocols.keyed import stream_key
+from scenarios import runner, schema, sweep
+from scenarios.cli import main
+from scenarios.schema import ScenarioError
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+SMALL = ["--set", "population.devices=300", "--set", "rounds=2", "--set", "simulation.cohort_size=100",
+         "--set", "changes=[]"]
+GRID = ["--grid", "protocol.epsilon=0.5,1,2", "--grid", "protocol.name=1bitmean,1bitrrpm"]
+COLUMNS = ["protocol.epsilon", "protocol.name", "repetition", "seed", "devices", "protocol", "error_mean_abs",
+           "error_max_abs", "error_rmse", "error_rounds_without_estimate", "epsilon_max", "epsilon_mean",
+           "epsilon_p50", "epsilon_p99", "wall_seconds"]
+COUNTERS = 'population.groups.0.counter={dist="constant",value=12},{dist="uniform",low=0,high=24}'
+
+
+def sweep_cli(out: Path, *extra: str, grid: list[str] = GRID, repeat: str | None = "2",
+              scenario: str = "quickstart") -> int:
+    args = ["sweep", scenario, *grid, "--out", str(out), "--quiet", *SMALL, *extra]
+    return main(args + (["--repeat", repeat] if repeat is not None else []))
+
+
+def read_csv(path: Path) -> tuple[list[str], list[dict[str, str]]]:
+    with open(path, newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        return list(reader.fieldnames or []), list(reader)
+
+
+def without_wall(rows: list[dict[str, str]]) -> list[dict[str, str]]:
+    return [{k: v for k, v in r.items() if k != "wall_seconds"} for r in rows]
+
+
+def runs_of(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "runs.jsonl").read_text(encoding="utf-8").splitlines()]
+
+
+def count_runs(monkeypatch, fail=lambda scenario: False) -> list[int]:
+    """Patch the runner (used by in-process sweeps, --workers 1) to count runs; ``fail`` makes some raise."""
+    calls: list[int] = []
+    real = runner.run
+
+    def counting(scenario, *a, **kw):
+        calls.append(scenario.seed)
+        if fail(scenario):
+            raise RuntimeError("boom: injected failure")
+        return real(scenario, *a, **kw)
+
+    monkeypatch.setattr(runner, "run", counting)
+    return calls
+
+
+@pytest.fixture(scope="module")
+def two_workers(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("sweep") / "w2"
+    assert sweep_cli(out, "--workers", "2") == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def one_worker(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("sweep") / "w1"
+    assert sweep_cli(out, "--workers", "1") == 0
+    return out
+
+
+# ------------------------------------------------------------------------------------------ the grid
+def test_split_values_keeps_brackets_braces_and_quotes_together():
+    assert sweep.split_values("0.5, 1,2") == ["0.5", "1", "2"]
+    assert sweep.split_values('{dist="constant",value=12},{dist="uniform",low=0,high=24}') == \
+        ['{dist="constant",value=12}', '{dist="uniform",low=0,high=24}']
+    assert sweep.split_values('[1,2],"a,b",\'c,"d\',x') == ["[1,2]", '"a,b"', "'c,\"d'", "x"]
+    for bad in ("{a=1", "[1,2", '"open', "1]"):
+        with pytest.raises(ValueError):
+            sweep.split_values(bad)
+
+
+def test_grid_values_are_toml_values_and_round_trip():
+    key, values = sweep.parse_grid_arg(COUNTERS)
+    assert key == "population.groups.0.counter"
+    assert values == [{"dist": "constant", "value": 12}, {"dist": "uniform", "low": 0, "high": 24}]
+    assert sweep.parse_grid_arg("protocol.name=1bitmean,\"1bitrrpm\"")[1] == ["1bitmean", "1bitrrpm"]
+    assert sweep.parse_grid_arg("x=1,2.5,true,[1,2]")[1] == [1, 2.5, True, [1, 2]]
+    for v in [1, -2.5, 1e-7, float("inf"), True, "a \"q\" b", [1, "x"], {"dist": "normal", "sd": 0.5}]:
+        assert schema._parse_value(sweep.toml_text(v)) == v
+    for bad in ("protocol.epsilon", "=1,2", "protocol.epsilon=1,,2", "protocol.epsilon={a=1"):
+        with pytest.raises(ScenarioError):
+            sweep.parse_grid_arg(bad)
+
+
+def test_cross_product_size_and_derived_seeds():
+    sw = sweep.plan("quickstart", ["protocol.epsilon=0.5,1,2", "protocol.name=1bitmean,1bitrrpm",
+                                   "network.loss=0,0.1"], repeat=4, overrides=["seed=7"])
+    assert len(sw.points) == 3 * 2 * 2
+    assert len(set(sw.points)) == len(sw.points)
+    assert sw.seeds == [stream_key(7, sweep.SWEEP_PURPOSE, r) & (2**63 - 1) for r in range(4)]
+    assert len(set(sw.seeds)) == 4 and all(0 <= s < 2**63 for s in sw.seeds)
+    assert sweep.derive_seeds(8, 4) != sw.seeds  # they follow the base seed
+    assert sw.point_data(sw.points[-1])["network"]["loss"] == 0.1
+    assert sw.point_data(sw.points[-1])["protocol"]["name"] == "1bitrrpm"
+
+
+def test_every_grid_point_shares_the_repetition_seeds(two_workers):
+    sw = json.loads((two_workers / "sweep.json").read_text(encoding="utf-8"))
+    runs = runs_of(two_workers)
+    assert len(runs) == 3 * 2 * 2
+    by_point: dict[str, dict[int, int]] = {}
+    for run in runs:
+        by_point.setdefault(json.dumps(run["point"], sort_keys=True), {})[run["repetition"]] = run["seed"]
+        assert run["summary"]["seed"] == run["seed"]  # the run really used it
+    assert len(by_point) == 6
+    for seeds in by_point.values():
+        assert [seeds[r] for r in range(2)] == sw["seeds"]
+    assert sw["seeds"][0] != sw["seeds"][1]
+
+
+# ------------------------------------------------------------------------------------------- results
+def test_results_csv_has_one_row_per_run_and_the_expected_columns(two_workers):
+    header, rows = read_csv(two_workers / "results.csv")
+    assert header == COLUMNS
+    assert len(rows) == 12 == len(runs_of(two_workers))
+    assert {(r["protocol.epsilon"], r["protocol.name"], r["repetition"]) for r in rows} == \
+        {(e, p, str(k)) for e in ("0.5", "1", "2") for p in ("1bitmean", "1bitrrpm") for k in (0, 1)}
+    for r in rows:
+        assert r["protocol"] == r["protocol.name"] and r["devices"] == "300"
+        assert float(r["error_mean_abs"]) >= 0 and float(r["wall_seconds"]) > 0
+    naive = [r for r in rows if r["protocol"] == "1bitmean"]  # 1bitmean spends epsilon' every round
+    assert {(r["protocol.epsilon"], float(r["epsilon_max"])) for r in naive} == \
+        {(r["protocol.epsilon"], float(r["epsilon_mean"])) for r in naive}
+
+
+def test_two_workers_and_one_worker_give_the_same_rows(two_workers, one_worker):
+    h2, rows2 = read_csv(two_workers / "results.csv")
+    h1, rows1 = read_csv(one_worker / "results.csv")
+    assert h1 == h2
+    assert without_wall(rows1) == without_wall(rows2)
+    def digests(out: Path) -> list[str]:
+        return sorted(json.dumps(r["summary"]["digests"], sort_keys=True) for r in runs_of(out))
+
+    assert digests(one_worker) == digests(two_workers)
+
+
+def test_plots_exist_for_every_error_figure(two_workers):
+    header, _ = read_csv(two_workers / "results.csv")
+    figures = {c for c in header if c.startswith("error_")}
+    assert {p.stem for p in two_workers.glob("*.png")} == figures
+    for name in figures:
+        assert (two_workers / f"{name}.png").read_bytes()[:8] == PNG_MAGIC
+
+
+def test_log_axis_rule_and_its_use(tmp_path, monkeypatch):
+    assert sweep.log_axis([0.5, 1, 2, 16])
+    assert not sweep.log_axis([0.5, 1, 2, 8])  # a factor of 16
+    assert not sweep.log_axis([0, 1, 100])
+    assert not sweep.log_axis(["a", "b"])
+
+    import matplotlib.axes
+
+    scales: list[str] = []
+    real = matplotlib.axes.Axes.set_xscale
+    monkeypatch.setattr(matplotlib.axes.Axes, "set_xscale",
+                        lambda ax, value, **kw: (scales.append(value), real(ax, value, **kw))[1])
+    for values, expected in (("0.25,1,8", ["log"]), ("0.5,1,2", [])):
+        sw = sweep.plan("quickstart", [f"protocol.epsilon={values}"], repeat=2)
+        rows = [{"protocol.epsilon": x, "error_mean_abs": 1.0 + r} for x in values.split(",") for r in (0, 1)]
+        scales.clear()
+        assert sweep.plot_figures(sw, ["protocol.epsilon", "error_mean_abs"], rows, tmp_path) == \
+            [tmp_path / "error_mean_abs.png"]
+        assert scales == expected
+
+
+# -------------------------------------------------------------------------------------------- resume
+def test_resume_runs_only_the_missing_runs(tmp_path, one_worker, monkeypatch):
+    out = tmp_path / "resume"
+    shutil.copytree(one_worker, out)
+    lines = (out / "runs.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
+    drop = {1, 4, 5, 10}
+    kept = [line for i, line in enumerate(lines) if i not in drop]
+    (out / "runs.jsonl").write_text("".join(kept), encoding="utf-8")
+    calls = count_runs(monkeypatch)
+
+    assert sweep_cli(out, "--workers", "1") == 0
+    assert len(calls) == len(drop)
+    after = (out / "runs.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
+    assert len(after) == len(lines) and after[:len(kept)] == kept
+    _, resumed = read_csv(out / "results.csv")
+    _, uninterrupted = read_csv(one_worker / "results.csv")
+    assert without_wall(resumed) == without_wall(uninterrupted)
+
+    calls.clear()
+    assert sweep_cli(out, "--workers", "1") == 0  # complete: nothing to run
+    assert calls == []
+
+
+def test_a_line_cut_short_is_dropped_and_rerun(tmp_path, one_worker, monkeypatch):
+    out = tmp_path / "cut"
+    shutil.copytree(one_worker, out)
+    text = (out / "runs.jsonl").read_text(encoding="utf-8")
+    (out / "runs.jsonl").write_text(text[:len(text) - 40], encoding="utf-8")  # a kill during the last write
+    calls = count_runs(monkeypatch)
+    assert sweep_cli(out, "--workers", "1") == 0
+    assert len(calls) == 1
+    assert len(runs_of(out)) == 12
+
+    lines = text.splitlines(keepends=True)  # a kill just before the last newline: the line itself is whole
+    (out / "runs.jsonl").write_text("".join(lines[1:]).rstrip("\n"), encoding="utf-8")
+    calls.clear()
+    assert sweep_cli(out, "--workers", "1") == 0
+    assert len(calls) == 1 and len(runs_of(out)) == 12
+
+
+def test_a_different_sweep_is_refused_without_force(tmp_path, one_worker, capsys):
+    out = tmp_path / "other"
+    shutil.copytree(one_worker, out)
+    before = (out / "runs.jsonl").read_bytes()
+    capsys.readouterr()
+    assert sweep_cli(out, "--workers", "1", grid=["--grid", "protocol.epsilon=0.5,4"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("ldpsim: error: --out") and "--force" in err[0]
+    assert (out / "runs.jsonl").read_bytes() == before
+    assert sweep_cli(out, "--workers", "1", repeat="3") == 2  # more repetitions is another sweep too
+    assert sweep_cli(out, "--workers", "1", "--set", "seed=5") == 2  # and so is another scenario
+
+    assert sweep_cli(out, "--workers", "1", "--force", grid=["--grid", "protocol.epsilon=0.5,4"]) == 0
+    _, rows = read_csv(out / "results.csv")
+    assert sorted({r["protocol.epsilon"] for r in rows}) == ["0.5", "4"] and len(rows) == 4
+    assert len(runs_of(out)) == 4
+
+
+def test_a_bad_grid_value_fails_before_any_run(tmp_path, monkeypatch, capsys):
+    calls = count_runs(monkeypatch)
+    out = tmp_path / "bad"
+    assert sweep_cli(out, "--workers", "1", grid=["--grid", "protocol.name=1bitmean,1bitrrpm",
+                                                  "--grid", "protocol.epsilon=1,-1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("ldpsim: error:")
+    assert "protocol.epsilon=-1" in err[0] and "protocol.epsilon: must be" in err[0]
+    assert calls == [] and not (out / "runs.jsonl").exists()
+    # a value only bad in combination with another key's value names the whole point
+    assert sweep_cli(out, grid=["--grid", "network.deadline=100,3000", "--grid", "network.latency=0.05,200"]) == 2
+    assert "grid point network.deadline=100, network.latency=200: network.latency" in capsys.readouterr().err
+    assert calls == []
+
+
+@pytest.mark.parametrize("grid, repeat, needle", [
+    (["--grid", "seed=1,2"], "2", "--grid seed"),
+    (["--grid", "protocol.epsilon=1,1"], "2", "--grid protocol.epsilon: value 1 given twice"),
+    (GRID + ["--grid", "protocol.epsilon=3"], "2", "--grid protocol.epsilon: given twice"),
+    (["--grid", "protocol.epsilonn=1,2"], "2", "protocol.epsilonn: unknown key"),
+    (["--grid", "population.groups.7.share=1"], "2", "--grid population.groups.7.share"),
+    ([], "2", "no grid"),
+    (GRID, "0", "--repeat: must be an integer >= 1"),
+    (GRID, "many", "--repeat: must be an integer >= 1"),
+    (GRID + ["--workers", "0"], "2", "--workers: must be an integer >= 1"),
+    (GRID + ["--set", "seed=-3"], "2", "seed: must be an integer in [0, 2^63), got -3"),
+])
+def test_argument_errors_are_one_line_with_status_2(tmp_path, capsys, grid, repeat, needle):
+    assert sweep_cli(tmp_path / "x", grid=grid, repeat=repeat) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("ldpsim: error:") and needle in err[0], err
+    assert not (tmp_path / "x").exists()
+
+
+def test_repeat_is_required_somewhere(tmp_path, capsys):
+    assert sweep_cli(tmp_path / "x", repeat=None) == 2
+    assert "--repeat: required" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------------------- failed runs
+def test_a_failing_run_is_recorded_and_the_sweep_carries_on(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "fail"
+    seeds = sweep.derive_seeds(42, 2)
+    calls = count_runs(monkeypatch, fail=lambda sc: sc.protocol.epsilon == 2.0 and sc.seed == seeds[1])
+    assert sweep_cli(out, "--workers", "1") == 1
+    assert len(calls) == 12
+    failed = [json.loads(line) for line in (out / "failed.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert len(failed) == 2
+    for f in failed:
+        assert f["point"]["protocol.epsilon"] == 2 and f["repetition"] == 1 and f["seed"] == seeds[1]
+        assert "boom: injected failure" in f["error"] and "Traceback" in f["traceback"]
+    assert len(runs_of(out)) == 10 and len(read_csv(out / "results.csv")[1]) == 10
+    assert "2 run(s) failed" in capsys.readouterr().err
+
+    monkeypatch.undo()
+    calls = count_runs(monkeypatch)
+    assert sweep_cli(out, "--workers", "1") == 0  # the retry runs only the two failed runs
+    assert len(calls) == 2 and not (out / "failed.jsonl").exists()
+    assert len(read_csv(out / "results.csv")[1]) == 12
+
+
+# --------------------------------------------------------------------------- [sweep] tables, table values
+SWEEP_TABLE = """
+[sweep]
+repeat = 2
+workers = 1
+[sweep.grid]
+"protocol.epsilon" = [0.5, 2]
+"population.groups.0.counter" = [{ dist = "constant", value = 600 }, { dist = "normal", mean = 900, sd = 50 }]
+"""
+
+
+def test_a_sweep_table_in_the_scenario_file(tmp_path, capsys):
+    path = tmp_path / "swept.toml"
+    path.write_text((schema.SHIPPED / "quickstart.toml").read_text(encoding="utf-8") + SWEEP_TABLE,
+                    encoding="utf-8")
+    with pytest.raises(ScenarioError, match="sweep: unknown key"):
+        schema.load(str(path))  # the plain loader rejects it, so the sweep must take it out first
+    assert sweep_cli(tmp_path / "a", scenario=str(path), grid=[], repeat=None) == 0
+    header, rows = read_csv(tmp_path / "a" / "results.csv")
+    assert header[:3] == ["protocol.epsilon", "population.groups.0.counter", "repetition"]
+    assert len(rows) == 2 * 2 * 2
+    assert {r["population.groups.0.counter"] for r in rows} == {"constant", "normal"}
+    assert "1 worker(s)" in capsys.readouterr().err  # workers = 1 from the file
+
+    # the command line overrides the file: --repeat, and --grid for the same key
+    assert sweep_cli(tmp_path / "b", "--grid", "protocol.epsilon=1,4,8", scenario=str(path), grid=[],
+                     repeat="1") == 0
+    _, rows = read_csv(tmp_path / "b" / "results.csv")
+    assert len(rows) == 3 * 2 * 1
+    assert {r["protocol.epsilon"] for r in rows} == {"1", "4", "8"}
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text(path.read_text(encoding="utf-8").replace("repeat = 2", "repeats = 2"), encoding="utf-8")
+    assert sweep_cli(tmp_path / "c", scenario=str(bad), grid=[], repeat=None) == 2
+    assert "sweep.repeats: unknown key" in capsys.readouterr().err
+    bad.write_text(path.read_text(encoding="utf-8").replace("repeat = 2", 'repeat = "2"'), encoding="utf-8")
+    assert sweep_cli(tmp_path / "c", scenario=str(bad), grid=[], repeat=None) == 2
+    assert "sweep.repeat: must be an integer >= 1" in capsys.readouterr().err
+    bad.write_text(path.read_text(encoding="utf-8").replace("[0.5, 2]", "0.5"), encoding="utf-8")
+    assert sweep_cli(tmp_path / "c", scenario=str(bad), grid=[], repeat=None) == 2
+    assert "sweep.grid.protocol.epsilon: must be a non-empty array" in capsys.readouterr().err
+
+
+def test_table_valued_grid_values_get_short_labels(tmp_path):
+    out = tmp_path / "tables"
+    assert sweep_cli(out, "--workers", "1", grid=["--grid", COUNTERS, "--grid", "protocol.gamma=0,0.2"]) == 0
+    header, rows = read_csv(out / "results.csv")
+    assert header[:2] == ["population.groups.0.counter", "protocol.gamma"]
+    assert [r["population.groups.0.counter"] for r in rows] == ["constant"] * 4 + ["uniform"] * 4
+    assert runs_of(out)[0]["point"]["population.groups.0.counter"] in (
+        {"dist": "constant", "value": 12}, {"dist": "uniform", "low": 0, "high": 24})
+    assert (out / "error_mean_abs.png").read_bytes()[:8] == PNG_MAGIC  # a categorical x axis
+    # labels that would collide fall back to compact JSON for every value of that key
+    assert sweep.value_labels([{"dist": "normal", "mean": 1}, {"dist": "normal", "mean": 2}]) == \
+        ['{"dist":"normal","mean":1}', '{"dist":"normal","mean":2}']
+    assert sweep.value_labels([{"dist": "constant", "value": 1}, {"low": 0}, 0.5, "x"]) == \
+        ["constant", '{"low":0}', "0.5", "x"]
