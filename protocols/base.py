@@ -8,6 +8,7 @@ reject) and closes rounds into estimates. Neither side reads a clock, sleeps or 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -15,6 +16,16 @@ import numpy as np
 
 from protocols.ledger import Charge
 from protocols.messages import CollectionRequest, ReportBatch
+
+
+def check_params(epsilon: float, max_value: float, gamma: float = 0.0) -> None:
+    """The checks every protocol's parameters share (ValueError naming the scenario key)."""
+    if not (math.isfinite(epsilon) and epsilon > 0):
+        raise ValueError(f"protocol.epsilon must be a positive number, got {epsilon}")
+    if not (math.isfinite(max_value) and max_value > 0):
+        raise ValueError(f"protocol.max_value must be a positive number, got {max_value}")
+    if not 0.0 <= gamma < 0.5:
+        raise ValueError(f"protocol.gamma must be in [0, 0.5), got {gamma}")
 
 
 class ProtocolError(ValueError):

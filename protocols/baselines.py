@@ -15,6 +15,7 @@ import numba as nb
 import numpy as np
 
 from protocols import keyed
+from protocols.base import check_params
 from protocols.collecting import Column, ReportCollector
 from protocols.dbitflip import bucket_of, histogram
 from protocols.keyed import Purpose, stream_key
@@ -22,13 +23,6 @@ from protocols.ledger import FRESH_REPORT, Charge
 from protocols.messages import CollectionRequest, ReportBatch
 
 KFLIP, LAPLACE = "kflip", "laplace"
-
-
-def _check_common(epsilon: float, max_value: float) -> None:
-    if not (math.isfinite(epsilon) and epsilon > 0):
-        raise ValueError(f"protocol.epsilon must be a positive number, got {epsilon}")
-    if not (math.isfinite(max_value) and max_value > 0):
-        raise ValueError(f"protocol.max_value must be a positive number, got {max_value}")
 
 
 class FreshDevices:
@@ -97,7 +91,7 @@ class KFlipParams:
     kind = "histogram"
 
     def __post_init__(self) -> None:
-        _check_common(self.epsilon, self.max_value)
+        check_params(self.epsilon, self.max_value)
         if not 2 <= self.buckets <= 65_536:
             raise ValueError(f"protocol.buckets must be in [2, 65536], got {self.buckets}")
 
@@ -166,7 +160,7 @@ class LaplaceParams:
     kind = "mean"
 
     def __post_init__(self) -> None:
-        _check_common(self.epsilon, self.max_value)
+        check_params(self.epsilon, self.max_value)
 
     @property
     def round_epsilon(self) -> float:

@@ -26,7 +26,7 @@ import numba as nb
 import numpy as np
 
 from protocols import keyed
-from protocols.base import ProtocolError
+from protocols.base import ProtocolError, check_params
 from protocols.collecting import Column, ReportCollector
 from protocols.keyed import Purpose, stream_key
 from protocols.ledger import FRESH_REPORT, MEMO_REVEAL, ROUND_GUARANTEE, Charge
@@ -89,18 +89,13 @@ class DBitFlipParams:
     def __post_init__(self) -> None:
         if self.name not in (DBITFLIP, DBITFLIPPM, BINFLIP):
             raise ValueError(f"not a dBitFlip protocol: {self.name!r}")
-        if not (math.isfinite(self.epsilon) and self.epsilon > 0):
-            raise ValueError(f"protocol.epsilon must be a positive number, got {self.epsilon}")
-        if not (math.isfinite(self.max_value) and self.max_value > 0):
-            raise ValueError(f"protocol.max_value must be a positive number, got {self.max_value}")
+        check_params(self.epsilon, self.max_value, self.gamma)
         if not 2 <= self.buckets <= 65_536:
             raise ValueError(f"protocol.buckets must be in [2, 65536], got {self.buckets}")
         if not 1 <= self.bits <= self.buckets:
             raise ValueError(f"protocol.bits must be in [1, buckets = {self.buckets}], got {self.bits}")
         if self.name == BINFLIP and self.bits != self.buckets:
             raise ValueError(f"binflip sends every bucket: protocol.bits must equal buckets ({self.buckets})")
-        if not 0.0 <= self.gamma < 0.5:
-            raise ValueError(f"protocol.gamma must be in [0, 0.5), got {self.gamma}")
 
     @property
     def memoized(self) -> bool:

@@ -30,7 +30,8 @@ import numba as nb
 import numpy as np
 
 from protocols import keyed
-from protocols.baselines import FreshDevices, _check_common
+from protocols.base import check_params
+from protocols.baselines import FreshDevices
 from protocols.collecting import Column, ReportCollector
 from protocols.keyed import Purpose, stream_key
 from protocols.onebit import estimate_mean, mean_variance
@@ -64,7 +65,7 @@ class MultiParams:
     kind = "counters"
 
     def __post_init__(self) -> None:
-        _check_common(self.epsilon, self.max_value)
+        check_params(self.epsilon, self.max_value)
         if not 1 <= self.counters <= 64:
             raise ValueError(f"protocol.counters must be in [1, 64], got {self.counters}")
 

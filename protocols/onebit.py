@@ -18,6 +18,7 @@ import numba as nb
 import numpy as np
 
 from protocols import keyed
+from protocols.base import check_params
 from protocols.collecting import Column, ReportCollector
 from protocols.keyed import Purpose, stream_key
 from protocols.ledger import FRESH_REPORT, MEMO_REVEAL, ROUND_GUARANTEE, Charge
@@ -100,12 +101,7 @@ class OneBitParams:
     def __post_init__(self) -> None:
         if self.name not in (NAIVE, MEMOIZED):
             raise ValueError(f"protocol.name must be {NAIVE!r} or {MEMOIZED!r}, got {self.name!r}")
-        if not (math.isfinite(self.epsilon) and self.epsilon > 0):
-            raise ValueError(f"protocol.epsilon must be a positive number, got {self.epsilon}")
-        if not (math.isfinite(self.max_value) and self.max_value > 0):
-            raise ValueError(f"protocol.max_value must be a positive number, got {self.max_value}")
-        if not 0.0 <= self.gamma < 0.5:
-            raise ValueError(f"protocol.gamma must be in [0, 0.5), got {self.gamma}")
+        check_params(self.epsilon, self.max_value, self.gamma)
         if self.name == MEMOIZED:
             s = self.granularity
             if s is None or not (math.isfinite(s) and 0 < s <= self.max_value):

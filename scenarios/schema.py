@@ -287,13 +287,18 @@ def resolve_path(spec: str) -> Path:
     raise ScenarioError(f"scenario {spec!r}: no such file (nor a shipped scenario of that name)")
 
 
-def load(spec: str, overrides: list[str] | None = None) -> Scenario:
-    """Load, override and validate a scenario file."""
+def read(spec: str) -> tuple[Path, dict[str, Any]]:
+    """The path and parsed TOML of a scenario file or shipped name (not yet validated)."""
     path = resolve_path(spec)
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        return path, tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise ScenarioError(f"{path}: not valid TOML: {exc}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ScenarioError(f"{path}: cannot read: {exc}") from None
+
+
+def load(spec: str, overrides: list[str] | None = None) -> Scenario:
+    """Load, override and validate a scenario file."""
+    _, data = read(spec)
     return parse(apply_overrides(data, overrides or []))

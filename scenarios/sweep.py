@@ -21,7 +21,6 @@ import math
 import os
 import signal
 import sys
-import tomllib
 import traceback
 from collections import defaultdict
 from dataclasses import dataclass
@@ -29,7 +28,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from protocols.keyed import stream_key
-from scenarios.schema import ScenarioError, _parse_value, apply_overrides, parse, resolve_path
+from scenarios.schema import ScenarioError, _parse_value, apply_overrides, parse, read
 
 SWEEP_PURPOSE = 100  # stream tag of repetition seeds; beyond protocols.keyed.Purpose so no stream collides
 SEED_MASK = (1 << 63) - 1
@@ -204,13 +203,7 @@ def plan(spec: str, grid_args: list[str], repeat: str | int | None = None, worke
 
     A ``--grid`` key replaces that key's values from [sweep.grid]; other file keys are kept (file order
     first). Raises ScenarioError naming the key and value of the first point that does not validate."""
-    path = resolve_path(spec)
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
-        raise ScenarioError(f"{path}: not valid TOML: {exc}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ScenarioError(f"{path}: cannot read: {exc}") from None
+    path, data = read(spec)
     table = data.pop("sweep", {})
     if not isinstance(table, dict):
         raise ScenarioError("sweep: must be a table")
