@@ -17,7 +17,7 @@ from collector.network import Network
 from protocols import wire
 from protocols.base import DeviceSide
 from protocols.ledger import Ledger
-from protocols.messages import CollectionRequest, ReportBatch
+from protocols.messages import CollectionRequest, Decision, ReportBatch
 
 
 def _subset(batch: ReportBatch, idx: np.ndarray) -> ReportBatch:
@@ -47,10 +47,15 @@ class CohortAgent:
             except wire.WireError:
                 self.rejected += 1
                 continue
-            if isinstance(msg, CollectionRequest):
+            if isinstance(msg, (CollectionRequest, Decision)):
                 self.answer(msg)
 
-    def answer(self, request: CollectionRequest) -> None:
+    def observe(self, day: int) -> None:
+        """The devices' daily look at their own counters (protocols that keep epoch state, e.g. THRESH)."""
+        values, _ = self.world.values(self.ids)
+        self.device.observe(day, values)
+
+    def answer(self, request: CollectionRequest | Decision) -> None:
         values, _ = self.world.values(self.ids)
         batch, charges = self.device.respond(request, self.day(), values, self.env.now)
         for charge in charges:

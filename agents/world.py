@@ -9,6 +9,7 @@ clipped before any mechanism sees them, and the clipping is counted). Every draw
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 import numba as nb
@@ -16,6 +17,11 @@ import numpy as np
 
 from protocols import keyed
 from protocols.keyed import Purpose, stream_key
+
+if "NUMBA_THREADING_LAYER" not in os.environ:
+    # numba's own pool: OpenMP's spinning threads slowed the serial work between parallel kernels by a third
+    # (THRESH benchmark: 42 s against 29 s)
+    nb.config.THREADING_LAYER = "workqueue"
 
 
 @nb.njit(cache=True)
@@ -31,8 +37,9 @@ def _truncated_normal_kernel(key, ids, mean, sd, lo, hi, out):
 
 @dataclass(frozen=True)
 class Dist:
-    """A counter distribution: ``constant`` (value), ``uniform`` (low, high) or ``normal`` (mean, sd;
-    ``truncate`` restricts it to [0, max_value] exactly instead of clipping values to the range)."""
+    """A counter distribution: ``constant`` (value), ``uniform`` (low, high), ``normal`` (mean, sd;
+    ``truncate`` restricts it to [0, max_value] exactly instead of clipping values to the range), or
+    ``bernoulli`` (value = p: the level is p and each round's value a fresh keyed Bernoulli(p) bit)."""
 
     kind: str
     value: float = 0.0
@@ -43,7 +50,7 @@ class Dist:
     truncate: bool = False
 
     def sample(self, key: int, ids: np.ndarray, max_value: float = math.inf) -> np.ndarray:
-        if self.kind == "constant":
+        if self.kind in ("constant", "bernoulli"):
             return np.full(ids.shape[0], self.value, dtype=np.float64)
         if self.kind == "uniform":
             return self.low + (self.high - self.low) * keyed.uniform(key, ids)
@@ -93,7 +100,7 @@ def split_shares(n: int, shares: list[float]) -> np.ndarray:
 
 
 @nb.njit(cache=True, parallel=True)
-def _values_kernel(levels, sds, key, m, out):
+def _values_kernel(levels, sds, binary, key, m, out):
     """out[i] = clip(levels[i] + sds[i] N_i, 0, m) with N_i keyed by (key, i); returns how many were clipped.
     Element-wise in fixed chunks on all cores: the same bits as a serial loop."""
     chunks = 64
@@ -102,6 +109,9 @@ def _values_kernel(levels, sds, key, m, out):
     for c in nb.prange(chunks):
         k = 0
         for i in range(n * c // chunks, n * (c + 1) // chunks):
+            if binary[i]:
+                out[i] = 1.0 if keyed.uniform1(key, np.uint64(i)) < levels[i] else 0.0
+                continue
             v = levels[i]
             if sds[i] > 0.0:
                 v += sds[i] * keyed.normal1(key, np.uint64(i))
@@ -127,10 +137,12 @@ class World:
         self._index = {g.name: i for i, g in enumerate(self.groups)}
         self.levels = np.empty(self.n, dtype=np.float64)
         self.sds = np.empty(self.n, dtype=np.float64)
+        self.binary = np.zeros(self.n, dtype=np.bool_)  # Bernoulli counters: the level is the probability
         for gi, g in enumerate(self.groups):
             ids = self.group_ids(g.name)
             self.levels[ids] = g.counter.sample(stream_key(seed, Purpose.LEVEL, 0), ids, self.max_value)
             self.sds[ids] = g.jitter_sd
+            self.binary[ids] = g.counter.kind == "bernoulli"
         self.counters = len(self.groups[0].apps) if self.groups and self.groups[0].apps else None
         if self.counters is not None:
             if any(g.apps is None or len(g.apps) != self.counters for g in self.groups):
@@ -169,6 +181,7 @@ class World:
             if ch.fraction < 1.0:
                 ids = ids[keyed.uniform(stream_key(self.seed, Purpose.AFFECTED, self._applied), ids) < ch.fraction]
             if ch.counter is not None:
+                self.binary[ids] = ch.counter.kind == "bernoulli"
                 self.levels[ids] = ch.counter.sample(stream_key(self.seed, Purpose.LEVEL, self._applied), ids,
                                                       self.max_value)
             if ch.jitter_sd is not None:
@@ -191,7 +204,7 @@ class World:
         if self._cache_day != day:
             self._cache = np.empty(self.n, dtype=np.float64)
             key = np.uint64(stream_key(self.seed, Purpose.JITTER, day))
-            self._clipped = int(_values_kernel(self.levels, self.sds, key, self.max_value, self._cache))
+            self._clipped = int(_values_kernel(self.levels, self.sds, self.binary, key, self.max_value, self._cache))
             self._cache_day = day
         ids = np.asarray(ids)
         where = (slice(int(ids[0]), int(ids[-1]) + 1) if ids.size and ids.ndim == 1

@@ -42,13 +42,18 @@ class CollectorProcess:
         self.inbox.put(raw)
 
     def run_round(self, round_: int, on_close: Callable[[RoundResult], None] | None = None):
-        """A SimPy process: broadcast the request, wait for the deadline, close the round."""
+        """A SimPy process: broadcast the request, wait for the deadline, ask for the next stage while the
+        protocol has one, then close the round."""
         close_at = self.env.now + self.deadline
-        request = self.protocol.request(round_, close_at)
-        self.open_until, self._logged = close_at, 0
-        self.network.broadcast(wire.encode(request), self.cohort_inboxes)
-        yield self.env.timeout(self.deadline)
-        self.open_until = None
+        message = self.protocol.request(round_, close_at)
+        self._logged = 0
+        while message is not None:  # one stage per broadcast (THRESH: votes, then estimates)
+            self.open_until = close_at
+            self.network.broadcast(wire.encode(message), self.cohort_inboxes)
+            yield self.env.timeout(close_at - self.env.now)
+            self.open_until = None
+            close_at = self.env.now + self.deadline
+            message = self.protocol.advance(close_at)
         result = self.protocol.close_round()
         if on_close is not None:
             on_close(result)

@@ -9,13 +9,13 @@ reject) and closes rounds into estimates. Neither side reads a clock, sleeps or 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 
 from protocols.ledger import Charge
-from protocols.messages import CollectionRequest, ReportBatch
+from protocols.messages import CollectionRequest, Decision, ReportBatch
 
 
 def check_params(epsilon: float, max_value: float, gamma: float = 0.0) -> None:
@@ -39,6 +39,7 @@ class RoundResult:
     round: int
     estimate: float | np.ndarray  # a mean, or one value per bucket / counter
     reports: int
+    info: dict = field(default_factory=dict)  # protocol-specific figures (THRESH: global_update, vote_mean)
 
 
 class DeviceSide(Protocol):
@@ -54,6 +55,8 @@ class CollectorSide(Protocol):
     def request(self, round_: int, deadline: float) -> CollectionRequest: ...
 
     def receive(self, batch: ReportBatch) -> int: ...
+
+    def advance(self, deadline: float) -> Decision | None: ...
 
     def close_round(self) -> RoundResult: ...
 

@@ -16,7 +16,7 @@ import numpy as np
 from protocols.base import ProtocolError, RoundResult
 from protocols.messages import CollectionRequest, ReportBatch
 
-DIGEST_BLOCK = 1 << 16  # devices hashed at a time (bounded memory for the device-major transcript)
+DIGEST_BLOCK = 1 << 16  # devices hashed at a time (bounded memory for the device-major transcript); a multiple of 8
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,7 @@ class ReportCollector:
         self._data: dict[str, np.ndarray] = {}
         self.transcript: list[tuple[int, np.ndarray]] = []  # (round, uint8 record per device)
         self._names = {c.name for c in self.columns}
+        self._bits_only = all(np.dtype(c.dtype) == np.uint8 and c.high == 1 for c in self.columns)
 
     # -------------------------------------------------------------------------------- protocol
     def validate(self, columns: dict[str, np.ndarray]) -> None:
@@ -115,9 +116,15 @@ class ReportCollector:
         record = np.concatenate([present.view(np.uint8)[:, None]]
                                 + [v.astype(v.dtype.newbyteorder("<"), copy=False).view(np.uint8)
                                    .reshape(self.n_devices, -1) for v in self._data.values()], axis=1)
+        if self._bits_only:  # every byte is 0 or 1: pack across devices (16x less memory for 1-bit reports)
+            record = np.packbits(record, axis=0)
         self.transcript.append((self.round, record))
         self._present, self._data = None, {}
         return RoundResult(round=self.round, estimate=est, reports=count)
+
+    def advance(self, deadline: float) -> None:
+        """Single-stage protocols: nothing more to ask for before the round closes."""
+        return None
 
     def empty_estimate(self) -> float | np.ndarray:
         return float("nan")
@@ -129,8 +136,15 @@ class ReportCollector:
         h.update(np.array([r for r, _ in self.transcript], dtype="<i8").tobytes())
         records = [rec for _, rec in self.transcript]
         for lo in range(0, self.n_devices if records else 0, DIGEST_BLOCK):
-            h.update(np.ascontiguousarray(np.stack([rec[lo:lo + DIGEST_BLOCK] for rec in records], axis=1)).data)
+            rows = [self._rows(rec, lo, min(lo + DIGEST_BLOCK, self.n_devices)) for rec in records]
+            h.update(np.ascontiguousarray(np.stack(rows, axis=1)).data)
         return h.hexdigest()
+
+    def _rows(self, record: np.ndarray, lo: int, hi: int) -> np.ndarray:
+        """Devices lo..hi-1 of a stored round record, unpacked (lo a multiple of 8 when packed)."""
+        if not self._bits_only:
+            return record[lo:hi]
+        return np.unpackbits(record[lo // 8:(hi + 7) // 8], axis=0, count=hi - lo)
 
     def received(self, name: str) -> list[tuple[int, np.ndarray]]:
         """(round, values) of a width-1 integer column for every device, -1 where nothing arrived."""
@@ -139,6 +153,7 @@ class ReportCollector:
             col = np.full(self.n_devices, -1, dtype=np.int64)
             out.append((rnd, col))
         for device_round, (rnd, rec) in enumerate(self.transcript):
+            rec = self._rows(rec, 0, self.n_devices)
             at = 1
             for c in self.columns:
                 size = np.dtype(c.dtype).itemsize * c.width
@@ -153,7 +168,8 @@ class ReportCollector:
         """One device's received reports by round (None where nothing arrived): for audits."""
         out = []
         for rnd, rec in self.transcript:
-            row = rec[device]
+            row = self._rows(rec, device - device % 8, device - device % 8 + 8)[device % 8] if self._bits_only \
+                else rec[device]
             if not row[0]:
                 out.append((rnd, None))
                 continue

@@ -39,6 +39,8 @@ class Purpose(enum.IntEnum):
     BUCKETS = 10  # dBitFlip's d sampled buckets J, once per device
     NOISE = 11  # additive noise of a report (Laplace)
     SPLIT = 12  # how a device's counter splits over several counters (apps)
+    VOTE = 13  # THRESH vote, once per epoch
+    ESTIMATE = 14  # THRESH estimate, once per epoch
 
 
 def _mix_int(z: int) -> int:

@@ -36,5 +36,17 @@ class ReportBatch:
         return int(self.devices.shape[0])
 
 
-Message = CollectionRequest | ReportBatch
-MESSAGE_TYPES: dict[str, type] = {cls.TYPE: cls for cls in (CollectionRequest, ReportBatch)}
+@dataclass(frozen=True)
+class Decision:
+    """Collector -> devices: the outcome of a round's vote (THRESH's global update), asking for the next
+    stage's reports before ``deadline``."""
+
+    TYPE = "decision"
+    round: int
+    protocol: str
+    update: bool
+    deadline: float
+
+
+Message = CollectionRequest | ReportBatch | Decision
+MESSAGE_TYPES: dict[str, type] = {cls.TYPE: cls for cls in (CollectionRequest, ReportBatch, Decision)}

@@ -17,7 +17,7 @@ import struct
 import msgpack
 import numpy as np
 
-from protocols.messages import MESSAGE_TYPES, CollectionRequest, Message, ReportBatch
+from protocols.messages import MESSAGE_TYPES, CollectionRequest, Decision, Message, ReportBatch
 
 VERSION = 1
 ARRAY_EXT = 1
@@ -89,6 +89,9 @@ def encode(msg: Message) -> bytes:
     """Encode a message (the inverse of :func:`decode`)."""
     if isinstance(msg, CollectionRequest):
         body = {"round": msg.round, "protocol": msg.protocol, "deadline": float(msg.deadline)}
+    elif isinstance(msg, Decision):
+        body = {"round": msg.round, "protocol": msg.protocol, "update": bool(msg.update),
+                "deadline": float(msg.deadline)}
     elif isinstance(msg, ReportBatch):
         body = {"round": msg.round, "protocol": msg.protocol, "devices": msg.devices, "columns": msg.columns}
     else:
@@ -159,7 +162,8 @@ def _array(v: object, what: str) -> np.ndarray:
     return v
 
 
-_FIELDS = {"collect": ("round", "protocol", "deadline"), "reports": ("round", "protocol", "devices", "columns")}
+_FIELDS = {"collect": ("round", "protocol", "deadline"), "reports": ("round", "protocol", "devices", "columns"),
+           "decision": ("round", "protocol", "update", "deadline")}
 
 
 def decode(data: bytes, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
@@ -202,6 +206,10 @@ def decode(data: bytes, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
     protocol = _name(body, "protocol")
     if kind == "collect":
         return CollectionRequest(round=round_, protocol=protocol, deadline=_float(body, "deadline"))
+    if kind == "decision":
+        if not isinstance(body["update"], bool):
+            raise WireError(f"field 'update' must be a boolean, got {type(body['update']).__name__}")
+        return Decision(round=round_, protocol=protocol, update=body["update"], deadline=_float(body, "deadline"))
     devices = _array(body["devices"], "field 'devices'")
     if devices.ndim != 1:
         raise WireError("field 'devices' must be a one-dimensional array")

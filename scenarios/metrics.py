@@ -28,7 +28,7 @@ def wasserstein(truth: np.ndarray, est: np.ndarray, bucket_width: float) -> floa
 
 def round_metrics(kind: str, truth, est, bucket_width: float = 1.0) -> dict[str, float]:
     """The per-round error figures logged with each closed round."""
-    if kind == "mean":
+    if kind in ("mean", "epoch"):
         return {"abs_error": abs(float(est) - float(truth))}
     err = np.abs(np.asarray(est) - np.asarray(truth))
     if kind == "counters":
@@ -44,7 +44,7 @@ def error_summary(kind: str, truths: list, ests: list, bucket_width: float = 1.0
     t = np.asarray(truths, dtype=np.float64)
     e = np.asarray(ests, dtype=np.float64)
     err = np.abs(e - t)
-    ok = np.isfinite(err) if kind == "mean" else np.all(np.isfinite(err), axis=1)
+    ok = np.isfinite(err) if err.ndim == 1 else np.all(np.isfinite(err), axis=1)
     out: dict[str, float | int | None] = {"mean_abs": None, "max_abs": None, "rmse": None,
                                            "rounds_without_estimate": int(ok.size - ok.sum())}
     if ok.any():

@@ -75,6 +75,38 @@ def width_of(params: object) -> int | None:
         params.kind)
 
 
+def spend_by_reason(result: RunResult) -> dict[str, np.ndarray]:
+    """Per-device cumulative spend of each reason, recomputed from the ledger's charges."""
+    out: dict[str, np.ndarray] = {}
+    for row in result.ledger.rows():
+        acc = out.setdefault(row["reason"], np.zeros(result.scenario.devices))
+        acc[row["devices"]] += row["amount"]
+    return out
+
+
+def _thresh_summary(result: RunResult) -> dict:
+    p = result.scenario.protocol
+    by = spend_by_reason(result)
+    cv, ce = (by.get(k, np.zeros(result.scenario.devices)) for k in ("thresh_vote", "thresh_estimate"))
+    reached = (lambda c, step: c >= p.cap - 1e-12) if p.cap_rule == "paper" else (lambda c, step: c + step > p.cap)
+    return {
+        "updates": int(sum(bool(r.info.get("global_update")) for r in result.rounds)),
+        "update_epochs": [r.round for r in result.rounds if r.info.get("global_update")],
+        "caps": {"cap": p.cap, "vote_cap_reached": float(np.mean(reached(cv, p.vote_noise))),
+                 "estimate_cap_reached": float(np.mean(reached(ce, p.estimate_noise))),
+                 "vote_spend_max": float(cv.max()), "estimate_spend_max": float(ce.max())},
+        "thresh": {"a": p.vote_noise, "b": p.estimate_noise, "taus": p.taus.tolist(),
+                   "vote_threshold": p.vote_threshold, "guarantee": p.guarantee,
+                   "theorem_4_3_bound": _theorem_bound(p), "problems": p.problems()},
+    }
+
+
+def _theorem_bound(p) -> float:
+    from protocols.thresh import theorem_4_3_bound
+
+    return theorem_4_3_bound(p.devices, p.epochs, p.epoch_length, p.delta)
+
+
 def summary(result: RunResult) -> dict:
     sc, recs = result.scenario, result.rounds
     k = width_of(sc.protocol)
@@ -98,6 +130,7 @@ def summary(result: RunResult) -> dict:
         "reports": {"sent": traffic.reports_sent, "lost": traffic.reports_lost,
                     "accepted": stats.reports_accepted},
         "clipped_values": int(sum(r.clipped for r in recs)),
+        **(_thresh_summary(result) if sc.protocol.name == "thresh" else {}),
         "digests": {"transcript": result.transcript_digest, "ledger": result.ledger.digest(),
                     "estimates": _sha256_bytes(np.array([r.round for r in recs], "<i8"), est.astype("<f8"))},
         "wall_seconds": result.wall_seconds,
@@ -109,6 +142,18 @@ def _write_estimates(result: RunResult, out: Path) -> None:
     rounds = np.array([r.round for r in recs])
     reports = np.array([r.reports for r in recs])
     clipped = np.array([r.clipped for r in recs])
+    if sc.protocol.kind == "epoch":
+        truth, est, sd = (_stack([getattr(r, f) for r in recs], None) for f in ("truth", "estimate", "sd_theory"))
+        update = np.array([bool(r.info.get("global_update")) for r in recs])
+        write_csv(out / "estimates.csv", ["epoch", "truth", "estimate", "error", "global_update", "vote_mean", "votes",
+                                          "reports", "theory_sd"],
+                  [rounds, truth, est, est - truth, update.astype(int), [r.info.get("vote_mean") for r in recs],
+                   [r.info.get("votes", 0) for r in recs], reports, sd])
+        title = (f"{sc.name}: THRESH, ε = {sc.protocol.epsilon:g}, n = {sc.devices:,}, "
+                 f"{sc.protocol.epochs} epochs of {sc.protocol.epoch_length} rounds")
+        plots.epochs_plot(out / "estimates.png", rounds, truth, est, update, title,
+                          [(c.round - 1) // sc.protocol.epoch_length + 1 for c in sc.changes])
+        return
     if sc.protocol.kind == "mean":
         truth, est, sd = (_stack([getattr(r, f) for r in recs], None) for f in ("truth", "estimate", "sd_theory"))
         write_csv(out / "estimates.csv", ["round", "truth", "estimate", "error", "theory_sd", "reports", "clipped"],

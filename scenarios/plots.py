@@ -110,3 +110,22 @@ def counters_plot(path: Path, rounds: np.ndarray, truth: np.ndarray, est: np.nda
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def epochs_plot(path: Path, epochs: np.ndarray, truth: np.ndarray, est: np.ndarray, update: np.ndarray,
+                title: str, change_epochs: list[int]) -> None:
+    """THRESH: the published estimate against the truth per epoch, global updates marked."""
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    ax.plot(epochs, truth, color="tab:blue", lw=2, label="truth p^t (mean of the group probabilities)")
+    ax.step(epochs, est, where="post", color="tab:orange", lw=1.3, label="published estimate")
+    if update.any():
+        ax.plot(epochs[update], est[update], "v", color="tab:red", ms=7, label="global update")
+    for e in change_epochs:
+        ax.axvline(e, color="grey", ls=":", lw=1)
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("mean of the bits")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -35,6 +35,7 @@ class RoundRecord:
     reports: int
     clipped: int
     sd_theory: float | np.ndarray  # closed-form sd of the estimate given the round's true values and the reports that arrived
+    info: dict = dataclasses.field(default_factory=dict)  # protocol-specific figures (THRESH: global_update, ...)
 
 
 @dataclass
@@ -102,22 +103,39 @@ def run(scenario: Scenario, events: TextIO | None = None,
     kind, width = sc.protocol.kind, bucket_width(sc.protocol)
     all_ids = np.arange(sc.devices)
 
+    epoch_length = int(getattr(sc.protocol, "epoch_length", 1))  # rounds per collection (THRESH: l)
+    observers = [c for c in cohorts if hasattr(c.device, "observe")]
+
     def clock():
+        levels: list[float] = []  # mean of the devices' levels over the epoch (THRESH's p^t)
         for r in range(1, sc.rounds + 1):
             start = (r - 1) * sc.simulation.round_seconds
             if env.now < start:
                 yield env.timeout(start - env.now)
             for change in world.advance_to(r):
                 log.info("behavior_change", round=r, group=change.group, fraction=change.fraction)
-            result = yield env.process(collector.run_round(r))
+            for cohort in observers:
+                cohort.observe(r)
+            if kind == "epoch":
+                levels.append(float(world.levels.mean()))
+            if r % epoch_length:
+                continue
+            t = r // epoch_length
+            result = yield env.process(collector.run_round(t))
             values, clipped = world.values(all_ids)
-            truth = sc.protocol.truth(values)
-            sd = sc.protocol.estimate_sd(values, result.reports) if result.reports else math.nan
-            records.append(RoundRecord(r, env.now, truth, result.estimate, result.reports, clipped, sd))
-            spend = ledger.close_round(r, env.now)
-            shown = {"truth": truth, "estimate": result.estimate} if kind == "mean" else {}
-            log.info("round_closed", round=r, **shown, **round_metrics(kind, truth, result.estimate, width),
-                     reports=result.reports, clipped=clipped, rejected=collector.stats.rejected,
+            if kind == "epoch":
+                truth = float(np.mean(levels))
+                levels.clear()
+                sd = sc.protocol.estimate_sd(world.levels, result.reports) if result.reports else math.nan
+            else:
+                truth = sc.protocol.truth(values)
+                sd = sc.protocol.estimate_sd(values, result.reports) if result.reports else math.nan
+            records.append(RoundRecord(t, env.now, truth, result.estimate, result.reports, clipped, sd,
+                                       result.info))
+            spend = ledger.close_round(t, env.now)
+            shown = {"truth": truth, "estimate": result.estimate} if kind in ("mean", "epoch") else {}
+            log.info("round_closed", round=t, **shown, **round_metrics(kind, truth, result.estimate, width),
+                     **result.info, reports=result.reports, clipped=clipped, rejected=collector.stats.rejected,
                      spend={k: v for k, v in spend.items() if k not in ("round", "time")})
             if progress is not None:
                 progress(r, sc.rounds)

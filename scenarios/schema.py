@@ -13,16 +13,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agents.world import Change, Dist, Group
+import numpy as np
+
+from agents.world import Change, Dist, Group, split_shares
 from collector.network import NetworkParams
 from protocols.base import ProtocolParams
 from protocols.baselines import KFLIP, LAPLACE, KFlipParams, LaplaceParams
 from protocols.dbitflip import BINFLIP, DBITFLIP, DBITFLIPPM, DBitFlipParams
 from protocols.multicounter import MULTI, MultiParams
 from protocols.onebit import MEMOIZED, NAIVE, OneBitParams
+from protocols.thresh import THRESH, ThreshParams
 
 SHIPPED = Path(__file__).resolve().parent
-PROTOCOLS = (NAIVE, MEMOIZED, DBITFLIP, DBITFLIPPM, BINFLIP, KFLIP, LAPLACE, MULTI)
+PROTOCOLS = (NAIVE, MEMOIZED, DBITFLIP, DBITFLIPPM, BINFLIP, KFLIP, LAPLACE, MULTI, THRESH)
 
 
 class ScenarioError(ValueError):
@@ -97,10 +100,12 @@ class _Table:
 
 
 def _dist(t: _Table) -> Dist:
-    kind = t.get("dist", str, check=lambda v: v in ("constant", "uniform", "normal"),
-                 what='"constant", "uniform" or "normal"')
+    kind = t.get("dist", str, check=lambda v: v in ("constant", "uniform", "normal", "bernoulli"),
+                 what='"constant", "uniform", "normal" or "bernoulli"')
     if kind == "constant":
         d = Dist("constant", value=t.get("value", float))
+    elif kind == "bernoulli":
+        d = Dist("bernoulli", value=t.get("p", float, check=lambda v: 0 <= v <= 1, what="a probability in [0, 1]"))
     elif kind == "uniform":
         low, high = t.get("low", float), t.get("high", float)
         if high < low:
@@ -124,10 +129,41 @@ def _positive(v: float) -> bool:
     return v > 0
 
 
-def _protocol(pt: _Table) -> ProtocolParams:
+def _thresh(pt: _Table, name: str, epsilon: float, ctx: dict) -> ThreshParams:
+    """THRESH's table. Infeasible derived constants are an error naming them, unless a, b or tau_scale are
+    given explicitly (or allow_infeasible = true): then the problems become warnings."""
+    rounds = ctx["rounds"]
+    length = pt.get("epoch_length", int, check=lambda v: 1 <= v <= rounds and rounds % v == 0,
+                    what=f"a divisor of rounds ({rounds})")
+    positive = dict(check=_positive, what="> 0")
+    overrides = {k: pt.get(k, float, None, **positive) for k in ("a", "b")}
+    tau_scale = pt.get("tau_scale", float, None, **positive)
+    params = ThreshParams(
+        name, epsilon, pt.get("delta", float, 0.1, check=lambda v: 0 < v < 1, what="a number in (0, 1)"),
+        length, rounds // length, ctx["devices"], ctx["groups"], ctx["smallest_group"], overrides["a"],
+        overrides["b"], 1.0 if tau_scale is None else tau_scale,
+        pt.get("cap_rule", str, "paper", check=lambda v: v in ("paper", "strict"), what='"paper" or "strict"'),
+        ctx["behavior"])
+    allow = pt.get("allow_infeasible", bool, False)
+    problems = params.problems()
+    explicit = allow or tau_scale is not None or any(v is not None for v in overrides.values())
+    if problems and not explicit:
+        raise ScenarioError("protocol: THRESH's derived constants are infeasible for this population:\n  - "
+                            + "\n  - ".join(problems)
+                            + "\nSet protocol.a, protocol.b and/or protocol.tau_scale (or allow_infeasible = true)"
+                            " to run anyway.")
+    params.warnings.extend(problems)
+    return params
+
+
+def _protocol(pt: _Table, ctx: dict) -> ProtocolParams:
     """The [protocol] table: common keys, then each family's own."""
     name = pt.get("name", str, check=lambda v: v in PROTOCOLS, what=f"one of {list(PROTOCOLS)}")
     epsilon = pt.get("epsilon", float, check=lambda v: 0 < v <= 50, what="a number in (0, 50]")
+    if name == THRESH:
+        params = _thresh(pt, name, epsilon, ctx)
+        pt.done()
+        return params
     max_value = pt.get("max_value", float, check=_positive, what="> 0")
     gamma_ok = dict(check=lambda v: 0 <= v < 0.5, what="a number in [0, 0.5)")
     if name in (NAIVE, MEMOIZED):
@@ -205,7 +241,23 @@ def parse(data: dict[str, Any]) -> Scenario:
         t.done()
         changes.append(Change(rnd, group, counter, jitter, fraction))
 
-    protocol = _protocol(top.table("protocol"))
+    ct = top.table("collector", default=None)
+    behavior = ct.get("behavior", str, "honest", check=lambda v: v in ("honest", "always_update"),
+                      what='"honest" or "always_update"')
+    ct.done()
+    sizes = np.diff(split_shares(devices, [g.share for g in groups]))
+    protocol = _protocol(top.table("protocol"), {"rounds": rounds, "devices": devices, "groups": len(groups),
+                                                 "smallest_group": int(sizes.min()), "behavior": behavior})
+    if behavior != "honest" and protocol.name != THRESH:
+        raise ScenarioError(f"collector.behavior: {behavior!r} is only defined for {THRESH}")
+    if protocol.name == THRESH:
+        for i, g in enumerate(groups):
+            if g.counter.kind != "bernoulli":
+                raise ScenarioError(f"population.groups[{i}].counter: {THRESH} collects bits: use "
+                                    f'{{ dist = "bernoulli", p = ... }}')
+        for i, c in enumerate(changes):
+            if c.counter is not None and c.counter.kind != "bernoulli" or c.jitter_sd:
+                raise ScenarioError(f"changes[{i}]: {THRESH} collects bits: a change sets a bernoulli counter")
     for i, g in enumerate(groups):
         if protocol.name == MULTI and (g.apps is None or len(g.apps) != protocol.counters):
             raise ScenarioError(f"population.groups[{i}].apps: {MULTI} needs {protocol.counters} app weights "
@@ -233,6 +285,7 @@ def parse(data: dict[str, Any]) -> Scenario:
         raise ScenarioError(f"network.deadline: {net.deadline:g} s must be shorter than "
                             f"simulation.round_seconds ({sim.round_seconds:g} s)")
     top.done()
+    warnings += [f"protocol: {w}" for w in getattr(protocol, "warnings", [])]
     return Scenario(name, seed, rounds, devices, groups, changes, protocol, net, sim, description, data, warnings)
 
 
