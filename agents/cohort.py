@@ -53,11 +53,12 @@ class CohortAgent:
     def observe(self, day: int) -> None:
         """The devices' daily look at their own counters (protocols that keep epoch state, e.g. THRESH)."""
         values, _ = self.world.values(self.ids)
-        self.device.observe(day, values)
+        self.device.observe(day, values, self.world.present(self.ids))
 
     def answer(self, request: CollectionRequest | Decision) -> None:
         values, _ = self.world.values(self.ids)
-        batch, charges = self.device.respond(request, self.day(), values, self.env.now)
+        batch, charges = self.device.respond(request, self.day(), values, self.env.now,
+                                             self.world.present(self.ids))
         for charge in charges:
             self.ledger.record(charge)
         if batch is None or len(batch) == 0:

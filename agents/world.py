@@ -74,6 +74,8 @@ class Group:
     counter: Dist
     jitter_sd: float = 0.0
     apps: tuple[float, ...] | None = None
+    joins: int = 1  # first round the group's devices are present
+    leaves: int | None = None  # first round they are gone (None: never)
 
 
 @dataclass(frozen=True)
@@ -154,6 +156,14 @@ class World:
                              axis=1)
                 w = np.asarray(g.apps) * (0.5 + u)
                 self.split[ids] = w / w.sum(axis=1, keepdims=True)
+        self.churn = any(g.joins > 1 or g.leaves is not None for g in self.groups)
+        if self.churn:
+            self.joins = np.empty(self.n, dtype=np.int64)
+            self.leaves = np.empty(self.n, dtype=np.int64)
+            for g in self.groups:
+                ids = self.group_ids(g.name)
+                self.joins[ids] = g.joins
+                self.leaves[ids] = g.leaves if g.leaves is not None else np.iinfo(np.int64).max
         self.day = 0
         self._applied = 0
         self._cache_day = -1
@@ -190,6 +200,13 @@ class World:
         if applied:
             self._cache_day = -1
         return applied
+
+    def present(self, ids: np.ndarray) -> np.ndarray | None:
+        """Which of ``ids`` are present on the current day (None: everyone, no churn in this world)."""
+        if not self.churn:
+            return None
+        ids = np.asarray(ids)
+        return (self.joins[ids] <= self.day) & (self.day < self.leaves[ids])
 
     def values(self, ids: np.ndarray, day: int | None = None) -> tuple[np.ndarray, int]:
         """Clipped values of devices ``ids`` on ``day`` (default: the current day), and how many of the

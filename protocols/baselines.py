@@ -21,6 +21,8 @@ from protocols.dbitflip import bucket_of, histogram
 from protocols.keyed import Purpose, stream_key
 from protocols.ledger import FRESH_REPORT, Charge
 from protocols.messages import CollectionRequest, ReportBatch
+from protocols.wire import Bits
+from protocols.wire import bits as wire_bits
 
 KFLIP, LAPLACE = "kflip", "laplace"
 
@@ -43,16 +45,20 @@ class FreshDevices:
         if values.shape != self.device_ids.shape:
             raise ValueError("one value per device is required")
 
-    def respond(self, request: CollectionRequest, day: int, values: np.ndarray,
-                now: float) -> tuple[ReportBatch | None, list[Charge]]:
+    def respond(self, request: CollectionRequest, day: int, values: np.ndarray, now: float,
+                present: np.ndarray | None = None) -> tuple[ReportBatch | None, list[Charge]]:
         p = self.params
         if request.protocol != p.name or request.round != day or request.round <= self.last_round:
             return None, []
         self.check_values(values)
         self.last_round = request.round
+        columns = self.report(request.round, values)
         ids = self.device_ids
-        return (ReportBatch(round=request.round, protocol=p.name, devices=ids.astype(np.uint32),
-                            columns=self.report(request.round, values)),
+        if present is not None:
+            ids = ids[present]
+            columns = {k: (wire_bits(np.asarray(v)[present]) if isinstance(v, Bits) else v[present])
+                       for k, v in columns.items()}
+        return (ReportBatch(round=request.round, protocol=p.name, devices=ids.astype(np.uint32), columns=columns),
                 [Charge(request.round, now, self.reason, p.round_epsilon, ids)])
 
 

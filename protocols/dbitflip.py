@@ -201,8 +201,8 @@ class DBitFlipDevices:
                        np.uint64(stream_key(self.seed, Purpose.FLIP, round_)), float(p.gamma), out, inputs)
         return out, inputs
 
-    def respond(self, request: CollectionRequest, day: int, values: np.ndarray,
-                now: float) -> tuple[ReportBatch | None, list[Charge]]:
+    def respond(self, request: CollectionRequest, day: int, values: np.ndarray, now: float,
+                present: np.ndarray | None = None) -> tuple[ReportBatch | None, list[Charge]]:
         p = self.params
         if request.protocol != p.name or request.round != day or request.round <= self.last_round:
             return None, []
@@ -210,9 +210,10 @@ class DBitFlipDevices:
             raise ValueError("one value per device is required")
         self.last_round = request.round
         bits, inputs = self.report_bits(request.round, values)
-        ids = self.device_ids
+        rows = np.arange(self.device_ids.size) if present is None else np.flatnonzero(present)
+        ids, bits, J = self.device_ids[rows], bits[rows], self.J[rows]
         if p.memoized:
-            new = self.reveals.insert(np.arange(ids.size), inputs)
+            new = self.reveals.insert(rows, inputs[rows])
             charges = [Charge(request.round, now, MEMO_REVEAL, p.epsilon, ids[new])]
             if p.gamma > 0:
                 charges.append(Charge(request.round, now, ROUND_GUARANTEE, p.round_epsilon, ids, cumulative=False))
@@ -220,7 +221,7 @@ class DBitFlipDevices:
             charges = [Charge(request.round, now, FRESH_REPORT, p.round_epsilon, ids)]
         columns = {"b": wire_bits(bits)}
         if p.bits < p.buckets:
-            columns["j"] = self.J.astype(p.bucket_dtype)
+            columns["j"] = J.astype(p.bucket_dtype)
         return ReportBatch(round=request.round, protocol=p.name, devices=ids.astype(np.uint32),
                            columns=columns), charges
 

@@ -200,10 +200,11 @@ class OneBitDevices:
                       float(p.gamma), out)
         return out, None
 
-    def respond(self, request: CollectionRequest, day: int, values: np.ndarray,
-                now: float) -> tuple[ReportBatch | None, list[Charge]]:
-        """Answer a collection request for the current ``day``; refuse other protocols, other rounds and
-        repeats (privacy is enforced here, whatever the collector asks)."""
+    def respond(self, request: CollectionRequest, day: int, values: np.ndarray, now: float,
+                present: np.ndarray | None = None) -> tuple[ReportBatch | None, list[Charge]]:
+        """Answer a collection request for the current ``day`` with the devices ``present`` (default all);
+        refuse other protocols, other rounds and repeats (privacy is enforced here, whatever the collector
+        asks)."""
         p = self.params
         if request.protocol != p.name or request.round != day or request.round <= self.last_round:
             return None, []
@@ -211,10 +212,11 @@ class OneBitDevices:
             raise ValueError("one value per device is required")
         self.last_round = request.round
         bits, grid = self.report_bits(request.round, values)
-        ids = self.device_ids
+        rows = np.arange(self.device_ids.size) if present is None else np.flatnonzero(present)
+        ids, bits = self.device_ids[rows], bits[rows]
         charges: list[Charge] = []
         if p.memoized:
-            new = self.reveals.insert(np.arange(ids.size), grid)
+            new = self.reveals.insert(rows, grid[rows])
             charges.append(Charge(request.round, now, MEMO_REVEAL, p.epsilon, ids[new]))
             if p.gamma > 0:
                 charges.append(Charge(request.round, now, ROUND_GUARANTEE, p.round_epsilon, ids, cumulative=False))

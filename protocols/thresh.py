@@ -223,20 +223,31 @@ class ThreshDevices:
         self.reference = np.full(n, -1.0)  # p_i^{f(t)}; -1 before any global update
         self.current = np.zeros(n)  # p_i^t of the last complete epoch
         self._sum = np.zeros(n, dtype=np.int64)
+        self._count = np.zeros(n, dtype=np.int64)  # days observed in the current epoch
+        self.valid = np.zeros(n, dtype=np.bool_)  # observed the whole last complete epoch
         self._day = 0
         self.complete_epoch = 0  # last epoch whose l days were all observed
         self.voted_epoch = 0
         self.estimated_epoch = 0
 
-    def observe(self, day: int, values: np.ndarray) -> None:
-        """Record the day's private bits (days in order, each once)."""
+    def observe(self, day: int, values: np.ndarray, present: np.ndarray | None = None) -> None:
+        """Record the day's private bits of the devices ``present`` (days in order, each once). A device
+        votes and estimates for an epoch only if it observed every day of it (late joiners wait)."""
         if day != self._day + 1:
             raise ValueError(f"days are observed in order: expected {self._day + 1}, got {day}")
         self._day = day
-        _add_bits(self._sum, np.ascontiguousarray(values, dtype=np.float64))
+        bits = np.ascontiguousarray(values, dtype=np.float64)
+        if present is not None:
+            bits = np.where(present, bits, 0.0)
+            self._count += present
+        else:
+            self._count += 1
+        _add_bits(self._sum, bits)
         if day % self.params.epoch_length == 0:
-            self.current = self._sum / self.params.epoch_length
+            self.valid = self._count == self.params.epoch_length
+            self.current = np.where(self.valid, self._sum / self.params.epoch_length, self.current)
             self._sum[:] = 0
+            self._count[:] = 0
             self.complete_epoch = day // self.params.epoch_length
 
     def _spendable(self, spent: np.ndarray, step: float) -> np.ndarray:
@@ -259,33 +270,39 @@ class ThreshDevices:
         send = self._spendable(self.cE, p.estimate_noise) if update else np.zeros(self.device_ids.size, bool)
         return np.where(send, (1 + self.current * (e - 1)) / (e + 1), 1 / (e + 1)), send
 
-    def respond(self, msg: CollectionRequest | Decision, day: int, values: np.ndarray,
-                now: float) -> tuple[ReportBatch | None, list[Charge]]:
-        p, ids = self.params, self.device_ids
+    def respond(self, msg: CollectionRequest | Decision, day: int, values: np.ndarray, now: float,
+                present: np.ndarray | None = None) -> tuple[ReportBatch | None, list[Charge]]:
+        """Votes or estimates of the devices that observed the whole epoch and are present now."""
+        p = self.params
         t = msg.round
         if msg.protocol != p.name or t != self.complete_epoch:
             return None, []
+        rows = self.valid if present is None else self.valid & present
         if isinstance(msg, CollectionRequest):
             if t <= self.voted_epoch:
                 return None, []
             self.voted_epoch = t
             q, yes = self.vote_probabilities(t)
+            yes &= rows
             self.cV[yes] += p.vote_noise
-            bits = keyed.uniform(stream_key(self.seed, Purpose.VOTE, t), ids) < q
-            charges = [Charge(t, now, THRESH_VOTE, p.vote_noise, ids[yes])]
-            return ReportBatch(t, p.name, ids.astype(np.uint32), {"vote": wire_bits(bits)}), charges
+            bits = keyed.uniform(stream_key(self.seed, Purpose.VOTE, t), self.device_ids) < q
+            charges = [Charge(t, now, THRESH_VOTE, p.vote_noise, self.device_ids[yes])]
+            ids = self.device_ids[rows]
+            return ReportBatch(t, p.name, ids.astype(np.uint32), {"vote": wire_bits(bits[rows])}), charges
         if t <= self.estimated_epoch or t > self.voted_epoch:
             return None, []  # one estimate an epoch, and only after that epoch's vote
         self.estimated_epoch = t
         q, send = self.estimate_probabilities(msg.update)
+        send &= rows
         self.cE[send] += p.estimate_noise
         if msg.update:
-            self.reference = self.current.copy()  # f(t) = t
-        bits = keyed.uniform(stream_key(self.seed, Purpose.ESTIMATE, t), ids) < q
-        charges = [Charge(t, now, THRESH_ESTIMATE, p.estimate_noise, ids[send])]
+            self.reference = np.where(self.valid, self.current, self.reference)  # f(t) = t
+        bits = keyed.uniform(stream_key(self.seed, Purpose.ESTIMATE, t), self.device_ids) < q
+        ids = self.device_ids[rows]
+        charges = [Charge(t, now, THRESH_ESTIMATE, p.estimate_noise, self.device_ids[send])]
         if not msg.update:
             charges.append(Charge(t, now, THRESH_DUMMY, 0.0, ids, cumulative=False))
-        return ReportBatch(t, p.name, ids.astype(np.uint32), {"est": wire_bits(bits)}), charges
+        return ReportBatch(t, p.name, ids.astype(np.uint32), {"est": wire_bits(bits[rows])}), charges
 
 
 # ------------------------------------------------------------------------------------------- collector side

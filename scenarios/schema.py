@@ -216,8 +216,11 @@ def parse(data: dict[str, Any]) -> Scenario:
         apps = t.get("apps", list, None, check=lambda v: 1 <= len(v) <= 64 and all(
             isinstance(w, (int, float)) and not isinstance(w, bool) and w > 0 and math.isfinite(w) for w in v),
             what="an array of 1 to 64 positive weights")
+        joins = t.get("joins", int, 1, check=lambda v: v >= 1, what="a round >= 1")
+        leaves = t.get("leaves", int, None, check=lambda v: v > joins, what=f"a round after joins ({joins})")
         t.done()
-        groups.append(Group(gname, share, counter, jitter, tuple(float(w) for w in apps) if apps else None))
+        groups.append(Group(gname, share, counter, jitter, tuple(float(w) for w in apps) if apps else None,
+                            joins, leaves))
     names = [g.name for g in groups]
     if len(set(names)) != len(names):
         raise ScenarioError("population.groups: group names must be distinct")

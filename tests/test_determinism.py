@@ -101,3 +101,24 @@ def test_one_device_replays_alone_and_matches_transcript_and_ledger() -> None:
             assert seen == -1 or seen == batch.columns["bit"][0]
         assert charges == result.ledger.device_charges(device)
         assert result.ledger.spend[device] == pytest.approx(sum(c[3] for c in charges if c[4]))
+
+
+@pytest.mark.parametrize("name", ["1bitrrpm", "dbitflippm-d1", "kflip"])
+def test_churn_is_cohort_invariant_and_absent_devices_are_never_charged(name: str) -> None:
+    """Group b is present from round 3 to round 5: its devices report and are charged only then, for any
+    cohort split."""
+    summaries = []
+    for size in (1, 7):
+        sc = _scenario("1bitrrpm", **{"simulation.cohort_size": size, "network.loss": 0, "network.jitter": 0})
+        raw = sc.raw
+        raw["population"]["groups"][1].update(joins=3, leaves=6)
+        if name != "1bitrrpm":
+            raw = {**raw, "protocol": PROTOCOL_TABLES[name]}
+        sc = schema.parse(raw)
+        result = runner.run(sc)
+        summaries.append(output.summary(result))
+        b0 = int(result.world.bounds[1])
+        rounds = sorted({c[0] for c in result.ledger.device_charges(b0)} | {c[0] for c in result.ledger.device_charges(sc.devices - 1)})
+        assert set(rounds) <= {3, 4, 5} and rounds
+        assert [r.reports for r in result.rounds] == [720, 720, 1200, 1200, 1200, 720]
+    assert summaries[0]["digests"] == summaries[1]["digests"]

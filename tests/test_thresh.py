@@ -198,3 +198,41 @@ def test_infeasible_constants_are_reported_before_the_run() -> None:
     data["protocol"]["allow_infeasible"] = True
     sc = schema.parse(data)
     assert any("protocol:" in w for w in sc.warnings)
+
+
+def test_lost_votes_and_estimates_policy() -> None:
+    """The stated policy: the collector tests and averages over the messages that arrived (the vote
+    threshold uses the number of votes received), and devices spend on sending whether or not a message
+    arrives. With 20% of reports lost the updates come in the same epochs and the estimate stays within
+    its theory sd (computed for the reports received)."""
+    clean = runner.run(_thresh_scenario())
+    lossy = runner.run(_thresh_scenario(**{"network.loss": 0.2}))
+    upd = [[r.round for r in res.rounds if r.info["global_update"]] for res in (clean, lossy)]
+    assert upd[0] == upd[1]
+    assert all(0.75 * 4000 < r.info["votes"] < 0.85 * 4000 for r in lossy.rounds)
+    np.testing.assert_array_equal(lossy.ledger.spend, clean.ledger.spend)  # spent when sent, lost or not
+    for rec in lossy.rounds:
+        if rec.info["global_update"] and rec.round > 1:
+            assert abs(rec.estimate - rec.truth) < 4.5 * rec.sd_theory + 0.02
+
+
+def test_late_joiners_wait_for_a_whole_epoch_and_leavers_stop() -> None:
+    """Group c joins in the middle of epoch 3 (round 20, l = 8) and leaves at round 65 (epoch 9 starts at
+    round 65): its devices send nothing for epochs 1-3, vote and estimate in epochs 4-8, nothing after."""
+    sc = _thresh_scenario()
+    data = sc.raw
+    data["population"]["groups"] = [
+        {"name": "a", "share": 0.45, "counter": {"dist": "bernoulli", "p": 0.2}},
+        {"name": "b", "share": 0.45, "counter": {"dist": "bernoulli", "p": 0.6}},
+        {"name": "c", "share": 0.1, "counter": {"dist": "bernoulli", "p": 0.5}, "joins": 20, "leaves": 65}]
+    sc = schema.parse(data)
+    result = runner.run(sc)
+    col = result.collector.protocol
+    first_c = int(result.world.bounds[2])
+    for device in (first_c, first_c + 7, sc.devices - 1):
+        votes = [r for r, v in col.votes.device_reports(device) if v is not None]
+        ests = [r for r, v in col.estimates.device_reports(device) if v is not None]
+        assert votes == ests == [4, 5, 6, 7, 8]
+        assert all(4 <= c[0] <= 8 for c in result.ledger.device_charges(device))
+    assert [r.reports for r in result.rounds][:3] == [3600] * 3
+    assert [r.reports for r in result.rounds][3:8] == [4000] * 5
