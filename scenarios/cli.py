@@ -80,6 +80,20 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    from scenarios import compare
+
+    scenario = load(args.scenario, args.set)
+    out = Path(args.out or f"runs/{scenario.name}-compare")
+    table = compare.compare(scenario, out)
+    for k in ("thresh", "naive"):
+        e, eps = table[k]["error"], table[k]["epsilon"]
+        print(f"{k:>6}: mean |error| {e['mean_abs']:.4g}, max |error| {e['max_abs']:.4g}; "
+              f"per-device spend max {eps['max']:.4g}, mean {eps['mean']:.4g}")
+    print(f"written to {out}/compare.csv, compare.json, compare.png")
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="ldpsim", description="Simulate privacy-preserving telemetry collection.")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -94,6 +108,12 @@ def parser() -> argparse.ArgumentParser:
                      help="skip ledger.csv (one row per device and charge); spend.csv is always written")
     run.add_argument("--json", action="store_true", help="also print summary.json")
     run.set_defaults(func=cmd_run)
+    cmp_ = sub.add_parser("compare", help="a THRESH scenario against naive per-epoch randomized response at "
+                                          "equal total privacy per device")
+    cmp_.add_argument("scenario", help="a thresh scenario file or shipped name (e.g. thresh_stable)")
+    cmp_.add_argument("--out", help="output directory (default: runs/<name>-compare)")
+    cmp_.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a scenario key")
+    cmp_.set_defaults(func=cmd_compare)
 
     sw = sub.add_parser(
         "sweep", help="run a scenario over a grid of parameter values, repeated with derived seeds",

@@ -149,7 +149,7 @@ def _write_estimates(result: RunResult, out: Path) -> None:
                                           "reports", "theory_sd"],
                   [rounds, truth, est, est - truth, update.astype(int), [r.info.get("vote_mean") for r in recs],
                    [r.info.get("votes", 0) for r in recs], reports, sd])
-        title = (f"{sc.name}: THRESH, ε = {sc.protocol.epsilon:g}, n = {sc.devices:,}, "
+        title = (f"{sc.name}: {sc.protocol.name}, ε = {sc.protocol.epsilon:g}, n = {sc.devices:,}, "
                  f"{sc.protocol.epochs} epochs of {sc.protocol.epoch_length} rounds")
         plots.epochs_plot(out / "estimates.png", rounds, truth, est, update, title,
                           [(c.round - 1) // sc.protocol.epoch_length + 1 for c in sc.changes])

@@ -20,12 +20,13 @@ from collector.network import NetworkParams
 from protocols.base import ProtocolParams
 from protocols.baselines import KFLIP, LAPLACE, KFlipParams, LaplaceParams
 from protocols.dbitflip import BINFLIP, DBITFLIP, DBITFLIPPM, DBitFlipParams
+from protocols.epochrr import EPOCHRR, EpochRRParams
 from protocols.multicounter import MULTI, MultiParams
 from protocols.onebit import MEMOIZED, NAIVE, OneBitParams
 from protocols.thresh import THRESH, ThreshParams
 
 SHIPPED = Path(__file__).resolve().parent
-PROTOCOLS = (NAIVE, MEMOIZED, DBITFLIP, DBITFLIPPM, BINFLIP, KFLIP, LAPLACE, MULTI, THRESH)
+PROTOCOLS = (NAIVE, MEMOIZED, DBITFLIP, DBITFLIPPM, BINFLIP, KFLIP, LAPLACE, MULTI, THRESH, EPOCHRR)
 
 
 class ScenarioError(ValueError):
@@ -164,6 +165,12 @@ def _protocol(pt: _Table, ctx: dict) -> ProtocolParams:
         params = _thresh(pt, name, epsilon, ctx)
         pt.done()
         return params
+    if name == EPOCHRR:
+        rounds = ctx["rounds"]
+        length = pt.get("epoch_length", int, check=lambda v: 1 <= v <= rounds and rounds % v == 0,
+                        what=f"a divisor of rounds ({rounds})")
+        pt.done()
+        return EpochRRParams(name, epsilon, length, rounds // length)
     max_value = pt.get("max_value", float, check=_positive, what="> 0")
     gamma_ok = dict(check=lambda v: 0 <= v < 0.5, what="a number in [0, 0.5)")
     if name in (NAIVE, MEMOIZED):
@@ -253,7 +260,7 @@ def parse(data: dict[str, Any]) -> Scenario:
                                                  "smallest_group": int(sizes.min()), "behavior": behavior})
     if behavior != "honest" and protocol.name != THRESH:
         raise ScenarioError(f"collector.behavior: {behavior!r} is only defined for {THRESH}")
-    if protocol.name == THRESH:
+    if protocol.name in (THRESH, EPOCHRR):
         for i, g in enumerate(groups):
             if g.counter.kind != "bernoulli":
                 raise ScenarioError(f"population.groups[{i}].counter: {THRESH} collects bits: use "

@@ -236,3 +236,36 @@ def test_late_joiners_wait_for_a_whole_epoch_and_leavers_stop() -> None:
         assert all(4 <= c[0] <= 8 for c in result.ledger.device_charges(device))
     assert [r.reports for r in result.rounds][:3] == [3600] * 3
     assert [r.reports for r in result.rounds][3:8] == [4000] * 5
+
+
+def test_compare_runs_both_at_equal_total_privacy(tmp_path) -> None:
+    """ldpsim compare: the naive twin spends exactly THRESH's guarantee per device (eps/T per epoch), on the
+    same world; both appear side by side in compare.csv / compare.json / compare.png."""
+    from scenarios import cli
+
+    sc = _thresh_scenario()
+    path = tmp_path / "t.toml"
+    import json as _json
+
+    def toml(v):
+        return _json.dumps(v) if not isinstance(v, dict) else "{ " + ", ".join(f"{k} = {toml(x)}" for k, x in v.items()) + " }"
+    lines = []
+    raw = sc.raw
+    for k in ("name", "seed", "rounds"):
+        lines.append(f"{k} = {toml(raw[k])}")
+    lines.append(f"[population]\ndevices = {raw['population']['devices']}")
+    for g in raw["population"]["groups"]:
+        lines.append("[[population.groups]]\n" + "\n".join(f"{k} = {toml(v)}" for k, v in g.items()))
+    for c in raw["changes"]:
+        lines.append("[[changes]]\n" + "\n".join(f"{k} = {toml(v)}" for k, v in c.items()))
+    for table in ("protocol", "simulation", "network"):
+        lines.append(f"[{table}]\n" + "\n".join(f"{k} = {toml(v)}" for k, v in raw[table].items()))
+    path.write_text("\n".join(lines) + "\n")
+    assert cli.main(["compare", str(path), "--out", str(tmp_path / "cmp")]) == 0
+    table = _json.loads((tmp_path / "cmp" / "compare.json").read_text())
+    assert table["naive"]["epsilon"]["max"] == pytest.approx(sc.protocol.guarantee)
+    assert table["naive"]["per_epoch_epsilon"] == pytest.approx(sc.protocol.guarantee / sc.protocol.epochs)
+    assert table["thresh"]["epsilon"]["max"] <= sc.protocol.guarantee + 1e-12
+    rows = (tmp_path / "cmp" / "compare.csv").read_text().splitlines()
+    assert rows[0].startswith("epoch,truth,thresh_estimate") and len(rows) == sc.protocol.epochs + 1
+    assert (tmp_path / "cmp" / "compare.png").read_bytes()[:4] == b"\x89PNG"

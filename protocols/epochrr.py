@@ -1,0 +1,117 @@
+"""Naive per-epoch randomized response: THRESH's baseline at equal total privacy (Joseph et al. 2018, section 1).
+
+Each epoch every device sends one 1BitMean bit (Ding et al. 2017, eq. 1, with m = 1) of its epoch mean at
+eps/T, so T epochs spend exactly eps per device by basic composition; the collector publishes
+mean_hat = (1/n) sum (b (e^(eps/T) + 1) - 1)/(e^(eps/T) - 1) every epoch. Noise grows linearly in T at a fixed
+budget: the cost THRESH avoids by updating only when the population changes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from protocols import keyed
+from protocols.base import check_params
+from protocols.collecting import Column, ReportCollector
+from protocols.keyed import Purpose, stream_key
+from protocols.ledger import FRESH_REPORT, Charge
+from protocols.messages import CollectionRequest, ReportBatch
+from protocols.onebit import estimate_mean, mean_variance, p_one
+from protocols.wire import bits as wire_bits
+
+EPOCHRR = "epochrr"
+
+
+@dataclass(frozen=True)
+class EpochRRParams:
+    """``epsilon`` is the total budget over all ``epochs``; each epoch's report uses epsilon/epochs."""
+
+    name: str
+    epsilon: float
+    epoch_length: int
+    epochs: int
+    max_value: float = 1.0
+
+    kind = "epoch"
+
+    def __post_init__(self) -> None:
+        check_params(self.epsilon, self.max_value)
+        if self.epoch_length < 1 or self.epochs < 1:
+            raise ValueError("protocol.epoch_length and the number of epochs must be >= 1")
+
+    @property
+    def epoch_epsilon(self) -> float:
+        return self.epsilon / self.epochs
+
+    @property
+    def round_epsilon(self) -> float:
+        return self.epoch_epsilon
+
+    def make_devices(self, seed: int, device_ids: np.ndarray) -> "EpochRRDevices":
+        return EpochRRDevices(self, seed, device_ids)
+
+    def make_collector(self, n_devices: int) -> "EpochRRCollector":
+        return EpochRRCollector(self, n_devices)
+
+    def truth(self, values: np.ndarray) -> float:
+        return float(values.mean())
+
+    def estimate_sd(self, values: np.ndarray, reports: int) -> float:
+        return math.sqrt(mean_variance(values, self.epoch_epsilon, 1.0) * values.size / reports)
+
+
+class EpochRRDevices:
+    """Epoch sums of the private bits (as THRESH's devices keep them) and one fresh report per epoch."""
+
+    def __init__(self, params: EpochRRParams, seed: int, device_ids: np.ndarray) -> None:
+        self.params, self.seed = params, int(seed)
+        self.device_ids = np.ascontiguousarray(device_ids, dtype=np.uint64)
+        n = self.device_ids.size
+        self._sum = np.zeros(n)
+        self._count = np.zeros(n, dtype=np.int64)
+        self.current = np.zeros(n)
+        self.valid = np.zeros(n, dtype=bool)
+        self.complete_epoch = 0
+        self.last_epoch = 0
+        self._day = 0
+
+    def observe(self, day: int, values: np.ndarray, present: np.ndarray | None = None) -> None:
+        if day != self._day + 1:
+            raise ValueError(f"days are observed in order: expected {self._day + 1}, got {day}")
+        self._day = day
+        mask = np.ones(self.device_ids.size, bool) if present is None else present
+        self._sum += np.where(mask, np.asarray(values) > 0.5, 0)
+        self._count += mask
+        if day % self.params.epoch_length == 0:
+            self.valid = self._count == self.params.epoch_length
+            self.current = self._sum / self.params.epoch_length
+            self._sum[:] = 0
+            self._count[:] = 0
+            self.complete_epoch = day // self.params.epoch_length
+
+    def respond(self, request: CollectionRequest, day: int, values: np.ndarray, now: float,
+                present: np.ndarray | None = None) -> tuple[ReportBatch | None, list[Charge]]:
+        p, t = self.params, request.round
+        if (not isinstance(request, CollectionRequest) or request.protocol != p.name or t != self.complete_epoch
+                or t <= self.last_epoch):
+            return None, []
+        self.last_epoch = t
+        rows = self.valid if present is None else self.valid & present
+        u = keyed.uniform(stream_key(self.seed, Purpose.REPORT, t), self.device_ids)
+        bits = u < p_one(self.current, p.epoch_epsilon, 1.0)
+        ids = self.device_ids[rows]
+        return (ReportBatch(t, p.name, ids.astype(np.uint32), {"bit": wire_bits(bits[rows])}),
+                [Charge(t, now, FRESH_REPORT, p.epoch_epsilon, ids)])
+
+
+class EpochRRCollector(ReportCollector):
+    def __init__(self, params: EpochRRParams, n_devices: int) -> None:
+        self.params, self.name = params, params.name
+        self.columns = (Column("bit", np.uint8, high=1),)
+        super().__init__(n_devices)
+
+    def estimate(self, reports: dict[str, np.ndarray]) -> float:
+        return estimate_mean(reports["bit"][:, 0], self.params.epoch_epsilon, 1.0)
