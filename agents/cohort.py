@@ -17,7 +17,9 @@ from collector.network import Network
 from protocols import wire
 from protocols.base import DeviceSide
 from protocols.ledger import Ledger
-from protocols.messages import CollectionRequest, Decision, ReportBatch
+from protocols.messages import CollectionRequest, Decision, ReportBatch, Threshold
+
+BROADCAST_KINDS = {CollectionRequest: 1, Decision: 2, Threshold: 3}  # keys of the downlink loss draws
 
 
 def _subset(batch: ReportBatch, idx: np.ndarray) -> ReportBatch:
@@ -47,7 +49,7 @@ class CohortAgent:
             except wire.WireError:
                 self.rejected += 1
                 continue
-            if isinstance(msg, (CollectionRequest, Decision)):
+            if isinstance(msg, (CollectionRequest, Decision, Threshold)):
                 self.answer(msg)
 
     def observe(self, day: int) -> None:
@@ -55,10 +57,13 @@ class CohortAgent:
         values, _ = self.world.values(self.ids)
         self.device.observe(day, values, self.world.present(self.ids))
 
-    def answer(self, request: CollectionRequest | Decision) -> None:
+    def answer(self, request: CollectionRequest | Decision | Threshold) -> None:
         values, _ = self.world.values(self.ids)
-        batch, charges = self.device.respond(request, self.day(), values, self.env.now,
-                                             self.world.present(self.ids))
+        present = self.world.present(self.ids)
+        got = self.network.received(self.ids, request.round, BROADCAST_KINDS[type(request)])
+        if got is not None:
+            present = got if present is None else present & got
+        batch, charges = self.device.respond(request, self.day(), values, self.env.now, present)
         for charge in charges:
             self.ledger.record(charge)
         if batch is None or len(batch) == 0:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numba as nb
 import numpy as np
@@ -39,7 +39,9 @@ def _truncated_normal_kernel(key, ids, mean, sd, lo, hi, out):
 class Dist:
     """A counter distribution: ``constant`` (value), ``uniform`` (low, high), ``normal`` (mean, sd;
     ``truncate`` restricts it to [0, max_value] exactly instead of clipping values to the range), or
-    ``bernoulli`` (value = p: the level is p and each round's value a fresh keyed Bernoulli(p) bit)."""
+    ``bernoulli`` (value = p: the level is p and each round's value a fresh keyed Bernoulli(p) bit), or
+    ``data`` (each round's value a fresh keyed draw from an empirical data set, e.g. POS transaction
+    lengths; values above max_value are clipped and counted)."""
 
     kind: str
     value: float = 0.0
@@ -48,9 +50,11 @@ class Dist:
     mean: float = 0.0
     sd: float = 0.0
     truncate: bool = False
+    data: np.ndarray | None = field(default=None, compare=False, repr=False)  # kind "data": the values
+    path: str = ""
 
     def sample(self, key: int, ids: np.ndarray, max_value: float = math.inf) -> np.ndarray:
-        if self.kind in ("constant", "bernoulli"):
+        if self.kind in ("constant", "bernoulli", "data"):
             return np.full(ids.shape[0], self.value, dtype=np.float64)
         if self.kind == "uniform":
             return self.low + (self.high - self.low) * keyed.uniform(key, ids)
@@ -102,7 +106,7 @@ def split_shares(n: int, shares: list[float]) -> np.ndarray:
 
 
 @nb.njit(cache=True, parallel=True)
-def _values_kernel(levels, sds, binary, key, m, out):
+def _values_kernel(levels, sds, binary, source, pool, offsets, key, m, out):
     """out[i] = clip(levels[i] + sds[i] N_i, 0, m) with N_i keyed by (key, i); returns how many were clipped.
     Element-wise in fixed chunks on all cores: the same bits as a serial loop."""
     chunks = 64
@@ -113,6 +117,14 @@ def _values_kernel(levels, sds, binary, key, m, out):
         for i in range(n * c // chunks, n * (c + 1) // chunks):
             if binary[i]:
                 out[i] = 1.0 if keyed.uniform1(key, np.uint64(i)) < levels[i] else 0.0
+                continue
+            if source[i] >= 0:  # a fresh draw from an empirical data set each round
+                lo, hi = offsets[source[i]], offsets[source[i] + 1]
+                v = pool[lo + min(int(keyed.uniform1(key, np.uint64(i)) * (hi - lo)), hi - lo - 1)]
+                if v > m:
+                    v = m
+                    k += 1
+                out[i] = v
                 continue
             v = levels[i]
             if sds[i] > 0.0:
@@ -140,11 +152,14 @@ class World:
         self.levels = np.empty(self.n, dtype=np.float64)
         self.sds = np.empty(self.n, dtype=np.float64)
         self.binary = np.zeros(self.n, dtype=np.bool_)  # Bernoulli counters: the level is the probability
+        self.source = np.full(self.n, -1, dtype=np.int64)  # empirical data set of each device (-1: none)
+        self._pools: list[np.ndarray] = []
         for gi, g in enumerate(self.groups):
             ids = self.group_ids(g.name)
             self.levels[ids] = g.counter.sample(stream_key(seed, Purpose.LEVEL, 0), ids, self.max_value)
             self.sds[ids] = g.jitter_sd
             self.binary[ids] = g.counter.kind == "bernoulli"
+            self._set_source(ids, g.counter)
         self.counters = len(self.groups[0].apps) if self.groups and self.groups[0].apps else None
         if self.counters is not None:
             if any(g.apps is None or len(g.apps) != self.counters for g in self.groups):
@@ -170,6 +185,19 @@ class World:
         self._cache = np.empty(0)
         self._clipped = 0
 
+    def _set_source(self, ids: np.ndarray, dist: Dist) -> None:
+        if dist.kind != "data":
+            self.source[ids] = -1
+            return
+        for k, pool in enumerate(self._pools):
+            if pool is dist.data:
+                self.source[ids] = k
+                return
+        self._pools.append(dist.data)
+        self.source[ids] = len(self._pools) - 1
+        self._pool = np.concatenate(self._pools).astype(np.float64)
+        self._offsets = np.concatenate(([0], np.cumsum([p.size for p in self._pools]))).astype(np.int64)
+
     def group_ids(self, name: str) -> np.ndarray:
         gi = self._index[name]
         return np.arange(self.bounds[gi], self.bounds[gi + 1], dtype=np.int64)
@@ -192,6 +220,7 @@ class World:
                 ids = ids[keyed.uniform(stream_key(self.seed, Purpose.AFFECTED, self._applied), ids) < ch.fraction]
             if ch.counter is not None:
                 self.binary[ids] = ch.counter.kind == "bernoulli"
+                self._set_source(ids, ch.counter)
                 self.levels[ids] = ch.counter.sample(stream_key(self.seed, Purpose.LEVEL, self._applied), ids,
                                                       self.max_value)
             if ch.jitter_sd is not None:
@@ -221,7 +250,10 @@ class World:
         if self._cache_day != day:
             self._cache = np.empty(self.n, dtype=np.float64)
             key = np.uint64(stream_key(self.seed, Purpose.JITTER, day))
-            self._clipped = int(_values_kernel(self.levels, self.sds, self.binary, key, self.max_value, self._cache))
+            pool = getattr(self, "_pool", np.zeros(1))
+            offsets = getattr(self, "_offsets", np.zeros(2, np.int64))
+            self._clipped = int(_values_kernel(self.levels, self.sds, self.binary, self.source, pool, offsets, key,
+                                               self.max_value, self._cache))
             self._cache_day = day
         ids = np.asarray(ids)
         where = (slice(int(ids[0]), int(ids[-1]) + 1) if ids.size and ids.ndim == 1

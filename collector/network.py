@@ -29,6 +29,7 @@ class NetworkParams:
     jitter: float = 0.0
     loss: float = 0.0
     deadline: float = 3600.0
+    downlink_loss: float = 0.0  # probability that a broadcast does not reach a device
 
 
 @dataclass
@@ -81,6 +82,13 @@ class Network:
         lost = int(n - int(keep.sum()))
         self.traffic.reports_lost += lost
         return Fate(on_idx, on_delay, late_idx, late_delay, lost)
+
+    def received(self, device_ids: np.ndarray, round_: int, kind: int) -> np.ndarray | None:
+        """Which devices a broadcast of ``kind`` for ``round_`` reached (keyed; None: all)."""
+        if self.params.downlink_loss <= 0:
+            return None
+        u = keyed.uniform(stream_key(self.seed, Purpose.DOWNLINK, round_, kind), device_ids)
+        return u >= self.params.downlink_loss
 
     def transmit(self, raw: bytes, delay: float, deliver: Callable[[bytes], object], reports: int = 0) -> None:
         """Send encoded bytes; ``deliver`` is called with them after ``delay``."""

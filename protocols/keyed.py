@@ -41,6 +41,8 @@ class Purpose(enum.IntEnum):
     SPLIT = 12  # how a device's counter splits over several counters (apps)
     VOTE = 13  # THRESH vote, once per epoch
     ESTIMATE = 14  # THRESH estimate, once per epoch
+    HOLDOUT = 15  # whether a device belongs to ToPL's holdout, once per device
+    DOWNLINK = 16  # loss of a broadcast on its way to one device
 
 
 def _mix_int(z: int) -> int:

@@ -48,5 +48,18 @@ class Decision:
     deadline: float
 
 
-Message = CollectionRequest | ReportBatch | Decision
-MESSAGE_TYPES: dict[str, type] = {cls.TYPE: cls for cls in (CollectionRequest, ReportBatch, Decision)}
+@dataclass(frozen=True)
+class Threshold:
+    """Collector -> devices: ToPL's truncation threshold ``theta`` (``version`` counts re-estimations),
+    applying to rounds from ``round`` on; devices then report for ``round`` before ``deadline``."""
+
+    TYPE = "threshold"
+    round: int
+    protocol: str
+    theta: float
+    version: int
+    deadline: float
+
+
+Message = CollectionRequest | ReportBatch | Decision | Threshold
+MESSAGE_TYPES: dict[str, type] = {cls.TYPE: cls for cls in (CollectionRequest, ReportBatch, Decision, Threshold)}

@@ -17,7 +17,7 @@ import struct
 import msgpack
 import numpy as np
 
-from protocols.messages import MESSAGE_TYPES, CollectionRequest, Decision, Message, ReportBatch
+from protocols.messages import MESSAGE_TYPES, CollectionRequest, Decision, Message, ReportBatch, Threshold
 
 VERSION = 1
 ARRAY_EXT = 1
@@ -92,6 +92,9 @@ def encode(msg: Message) -> bytes:
     elif isinstance(msg, Decision):
         body = {"round": msg.round, "protocol": msg.protocol, "update": bool(msg.update),
                 "deadline": float(msg.deadline)}
+    elif isinstance(msg, Threshold):
+        body = {"round": msg.round, "protocol": msg.protocol, "theta": float(msg.theta), "version": msg.version,
+                "deadline": float(msg.deadline)}
     elif isinstance(msg, ReportBatch):
         body = {"round": msg.round, "protocol": msg.protocol, "devices": msg.devices, "columns": msg.columns}
     else:
@@ -163,7 +166,8 @@ def _array(v: object, what: str) -> np.ndarray:
 
 
 _FIELDS = {"collect": ("round", "protocol", "deadline"), "reports": ("round", "protocol", "devices", "columns"),
-           "decision": ("round", "protocol", "update", "deadline")}
+           "decision": ("round", "protocol", "update", "deadline"),
+           "threshold": ("round", "protocol", "theta", "version", "deadline")}
 
 
 def decode(data: bytes, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
@@ -206,6 +210,9 @@ def decode(data: bytes, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
     protocol = _name(body, "protocol")
     if kind == "collect":
         return CollectionRequest(round=round_, protocol=protocol, deadline=_float(body, "deadline"))
+    if kind == "threshold":
+        return Threshold(round=round_, protocol=protocol, theta=_float(body, "theta"),
+                         version=_int(body, "version", 1, MAX_ROUND), deadline=_float(body, "deadline"))
     if kind == "decision":
         if not isinstance(body["update"], bool):
             raise WireError(f"field 'update' must be a boolean, got {type(body['update']).__name__}")

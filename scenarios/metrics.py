@@ -28,7 +28,7 @@ def wasserstein(truth: np.ndarray, est: np.ndarray, bucket_width: float) -> floa
 
 def round_metrics(kind: str, truth, est, bucket_width: float = 1.0) -> dict[str, float]:
     """The per-round error figures logged with each closed round."""
-    if kind in ("mean", "epoch"):
+    if kind in ("mean", "epoch", "stream"):
         return {"abs_error": abs(float(est) - float(truth))}
     err = np.abs(np.asarray(est) - np.asarray(truth))
     if kind == "counters":
@@ -55,3 +55,20 @@ def error_summary(kind: str, truths: list, ests: list, bucket_width: float = 1.0
         out["wasserstein"] = (float(np.mean([wasserstein(t[i], e[i], bucket_width) for i in np.flatnonzero(ok)]))
                               if ok.any() else None)
     return out
+
+
+def range_queries(rounds: int, count: int, seed: int) -> np.ndarray:
+    """``count`` random ranges [i, j] of rounds 1..rounds with endpoints uniform and sorted (keyed by seed)."""
+    from protocols import keyed
+
+    ends = np.stack([keyed.uniform(keyed.stream_key(seed, 99, k), np.arange(count)) for k in (0, 1)], axis=1)
+    ends = np.sort(np.minimum((ends * rounds).astype(np.int64), rounds - 1), axis=1)
+    return ends + 1
+
+
+def range_mse(truth: np.ndarray, est: np.ndarray, queries: np.ndarray) -> float:
+    """Mean squared error of range-sum queries: sum of estimates over [i, j] against the true sum."""
+    ct = np.concatenate(([0.0], np.cumsum(truth)))
+    ce = np.concatenate(([0.0], np.cumsum(np.nan_to_num(est))))
+    i, j = queries[:, 0], queries[:, 1]
+    return float(np.mean(((ce[j] - ce[i - 1]) - (ct[j] - ct[i - 1])) ** 2))

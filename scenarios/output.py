@@ -13,7 +13,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from scenarios import plots
-from scenarios.metrics import error_summary, round_metrics
+from scenarios.metrics import error_summary, range_mse, range_queries, round_metrics
 from scenarios.runner import RunResult, bucket_width
 
 
@@ -107,6 +107,30 @@ def _theorem_bound(p) -> float:
     return theorem_4_3_bound(p.devices, p.epochs, p.epoch_length, p.delta)
 
 
+RANGE_QUERIES = 1000
+
+
+def _stream_summary(result: RunResult, truth: np.ndarray, est: np.ndarray) -> dict:
+    """ToPL: thresholds chosen (and the oracle's), and the MSE of random range-sum queries."""
+    sc = result.scenario
+    queries = range_queries(sc.rounds, RANGE_QUERIES, sc.seed)
+    if sc.protocol.name == "tops":
+        thresholds = [{"round": 1, "theta": result.rounds[0].info.get("theta")}] if result.rounds else []
+    else:
+        thresholds = [{"round": r.round, "theta": r.info.get("theta"), "oracle_theta": r.info["oracle_theta"]}
+                      for r in result.rounds if "oracle_theta" in r.info]
+    return {
+        "threshold": thresholds,
+        "range_mse": range_mse(truth, est, queries),
+        "range_mse_zero_baseline": range_mse(truth, np.zeros_like(truth), queries),
+        "range_queries": {"count": RANGE_QUERIES, "over": f"rounds 1..{sc.rounds}",
+                          "endpoints": "uniform, sorted (keyed by the seed)", "answer": "sum of per-round sums"},
+        "event_level": {"epsilon_per_report": sc.protocol.epsilon,
+                        "threshold_epsilon": sc.protocol.threshold_epsilon,
+                        "cumulative_per_device": "see epsilon: each report is charged its epsilon"},
+    }
+
+
 def summary(result: RunResult) -> dict:
     sc, recs = result.scenario, result.rounds
     k = width_of(sc.protocol)
@@ -131,6 +155,7 @@ def summary(result: RunResult) -> dict:
                     "accepted": stats.reports_accepted},
         "clipped_values": int(sum(r.clipped for r in recs)),
         **(_thresh_summary(result) if sc.protocol.name == "thresh" else {}),
+        **(_stream_summary(result, truth, est) if sc.protocol.kind == "stream" else {}),
         "digests": {"transcript": result.transcript_digest, "ledger": result.ledger.digest(),
                     "estimates": _sha256_bytes(np.array([r.round for r in recs], "<i8"), est.astype("<f8"))},
         "wall_seconds": result.wall_seconds,
@@ -153,6 +178,17 @@ def _write_estimates(result: RunResult, out: Path) -> None:
                  f"{sc.protocol.epochs} epochs of {sc.protocol.epoch_length} rounds")
         plots.epochs_plot(out / "estimates.png", rounds, truth, est, update, title,
                           [(c.round - 1) // sc.protocol.epoch_length + 1 for c in sc.changes])
+        return
+    if sc.protocol.kind == "stream":
+        truth, est = (_stack([getattr(r, f) for r in recs], None) for f in ("truth", "estimate"))
+        write_csv(out / "estimates.csv", ["round", "truth", "estimate", "error", "theta", "holdout_reports",
+                                          "reports"],
+                  [rounds, truth, est, est - truth, [r.info.get("theta") for r in recs],
+                   [r.info.get("holdout_reports", 0) for r in recs], reports])
+        title = (f"{sc.name}: {sc.protocol.name} ({sc.protocol.method}), ε = {sc.protocol.epsilon:g}, "
+                 f"n = {sc.devices:,}")
+        plots.estimates_plot(out / "estimates.png", rounds, truth, est, np.zeros_like(truth), title,
+                             [c.round for c in sc.changes])
         return
     if sc.protocol.kind == "mean":
         truth, est, sd = (_stack([getattr(r, f) for r in recs], None) for f in ("truth", "estimate", "sd_theory"))

@@ -67,6 +67,14 @@ def _event_logger(stream: TextIO | None, env: simpy.Environment) -> Any:
     )
 
 
+def oracle_threshold(params, values: np.ndarray) -> float:
+    """ToPL's threshold chosen with the true value distribution (the reference the study compares with)."""
+    from protocols.topl import choose_threshold
+
+    dens = np.histogram(values, bins=params.bins, range=(0, params.max_value))[0].astype(np.float64)
+    return choose_threshold(dens, params.max_value, params.epsilon, params.rounds, params.devices)
+
+
 def bucket_width(params: object) -> float:
     """Value width of a histogram bucket (1 for protocols without buckets)."""
     k = getattr(params, "buckets", None)
@@ -121,7 +129,14 @@ def run(scenario: Scenario, events: TextIO | None = None,
             if r % epoch_length:
                 continue
             t = r // epoch_length
+            oracle = None
+            if sc.protocol.name == "topl" and sc.protocol.threshold_round(t):
+                oracle = oracle_threshold(sc.protocol, world.values(all_ids)[0])
+                if sc.protocol.method == "oracle":
+                    protocol.oracle_values = world.values(all_ids)[0].copy()
             result = yield env.process(collector.run_round(t))
+            if oracle is not None:
+                result.info["oracle_theta"] = oracle
             values, clipped = world.values(all_ids)
             if kind == "epoch":
                 truth = float(np.mean(levels))
@@ -133,7 +148,7 @@ def run(scenario: Scenario, events: TextIO | None = None,
             records.append(RoundRecord(t, env.now, truth, result.estimate, result.reports, clipped, sd,
                                        result.info))
             spend = ledger.close_round(t, env.now)
-            shown = {"truth": truth, "estimate": result.estimate} if kind in ("mean", "epoch") else {}
+            shown = {"truth": truth, "estimate": result.estimate} if kind in ("mean", "epoch", "stream") else {}
             log.info("round_closed", round=t, **shown, **round_metrics(kind, truth, result.estimate, width),
                      **result.info, reports=result.reports, clipped=clipped, rejected=collector.stats.rejected,
                      spend={k: v for k, v in spend.items() if k not in ("round", "time")})

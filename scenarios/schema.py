@@ -24,9 +24,12 @@ from protocols.epochrr import EPOCHRR, EpochRRParams
 from protocols.multicounter import MULTI, MultiParams
 from protocols.onebit import MEMOIZED, NAIVE, OneBitParams
 from protocols.thresh import THRESH, ThreshParams
+from protocols.topl import METHODS as TOPL_METHODS
+from protocols.topl import TOPL, ToplParams
+from protocols.tops_protocol import TOPS, TopsParams
 
 SHIPPED = Path(__file__).resolve().parent
-PROTOCOLS = (NAIVE, MEMOIZED, DBITFLIP, DBITFLIPPM, BINFLIP, KFLIP, LAPLACE, MULTI, THRESH, EPOCHRR)
+PROTOCOLS = (NAIVE, MEMOIZED, DBITFLIP, DBITFLIPPM, BINFLIP, KFLIP, LAPLACE, MULTI, THRESH, EPOCHRR, TOPL, TOPS)
 
 
 class ScenarioError(ValueError):
@@ -101,9 +104,12 @@ class _Table:
 
 
 def _dist(t: _Table) -> Dist:
-    kind = t.get("dist", str, check=lambda v: v in ("constant", "uniform", "normal", "bernoulli"),
-                 what='"constant", "uniform", "normal" or "bernoulli"')
-    if kind == "constant":
+    kind = t.get("dist", str, check=lambda v: v in ("constant", "uniform", "normal", "bernoulli", "data"),
+                 what='"constant", "uniform", "normal", "bernoulli" or "data"')
+    if kind == "data":
+        path = t.get("path", str)
+        d = Dist("data", data=load_data(path, t.path("path")), path=path)
+    elif kind == "constant":
         d = Dist("constant", value=t.get("value", float))
     elif kind == "bernoulli":
         d = Dist("bernoulli", value=t.get("p", float, check=lambda v: 0 <= v <= 1, what="a probability in [0, 1]"))
@@ -117,6 +123,31 @@ def _dist(t: _Table) -> Dist:
                  truncate=t.get("truncate", bool, False))
     t.done()
     return d
+
+
+DATA_DIR = SHIPPED / "data"
+_DATA_CACHE: dict[Path, np.ndarray] = {}
+BASE_DIR: list[Path] = []  # the directory of the scenario being parsed (for relative data paths)
+
+
+def load_data(spec: str, field_name: str) -> np.ndarray:
+    """An empirical data set: one non-negative number per line, optionally gzip-compressed. Relative paths
+    are looked up beside the scenario file, then in the shipped scenarios/data/."""
+    candidates = [Path(spec)] if Path(spec).is_absolute() else [
+        *(b / spec for b in BASE_DIR[-1:]), Path(spec), DATA_DIR / spec, DATA_DIR / Path(spec).name]
+    path = next((c.resolve() for c in candidates if c.is_file()), None)
+    if path is None:
+        raise ScenarioError(f"{field_name}: no data file {spec!r} (looked beside the scenario and in {DATA_DIR})")
+    if path not in _DATA_CACHE:
+        try:
+            data = np.loadtxt(path, dtype=np.float64, ndmin=1)
+        except (ValueError, OSError) as exc:
+            raise ScenarioError(f"{field_name}: {spec!r} is not one number per line: {exc}"[:300]) from None
+        if data.size == 0 or not np.all(np.isfinite(data)) or data.min() < 0:
+            raise ScenarioError(f"{field_name}: {spec!r} must hold finite non-negative numbers, one per line")
+        data.setflags(write=False)
+        _DATA_CACHE[path] = data
+    return _DATA_CACHE[path]
 
 
 def _jitter(t: _Table) -> float:
@@ -163,6 +194,32 @@ def _protocol(pt: _Table, ctx: dict) -> ProtocolParams:
     epsilon = pt.get("epsilon", float, check=lambda v: 0 < v <= 50, what="a number in (0, 50]")
     if name == THRESH:
         params = _thresh(pt, name, epsilon, ctx)
+        pt.done()
+        return params
+    if name == TOPL:
+        max_value = pt.get("max_value", float, check=_positive, what="> 0")
+        hold = pt.get("holdout", float, check=lambda v: 0 < v < ctx["devices"],
+                      what=f"a share in (0, 1) or a number of devices below {ctx['devices']}")
+        share = hold if hold < 1 else hold / ctx["devices"]
+        params = ToplParams(
+            name, epsilon,
+            pt.get("threshold_epsilon", float, epsilon, check=lambda v: 0 < v <= 50, what="a number in (0, 50]"),
+            max_value, share,
+            pt.get("rethreshold_every", int, 0, check=lambda v: v >= 0, what="an integer >= 0 (0: never)"),
+            ctx["rounds"], ctx["devices"],
+            pt.get("method", str, "sw-w", check=lambda v: v in TOPL_METHODS, what=f"one of {list(TOPL_METHODS)}"),
+            pt.get("bins", int, 1024, check=lambda v: 16 <= v <= 4096, what="an integer in [16, 4096]"))
+        pt.done()
+        return params
+    if name == TOPS:
+        max_value = pt.get("max_value", float, check=_positive, what="> 0")
+        hold = pt.get("holdout", float, check=lambda v: 0 < v < ctx["devices"],
+                      what=f"a share in (0, 1) or a number of devices below {ctx['devices']}")
+        params = TopsParams(name, epsilon,
+                            pt.get("threshold_epsilon", float, epsilon, check=lambda v: 0 < v <= 50,
+                                   what="a number in (0, 50]"),
+                            max_value, hold if hold < 1 else hold / ctx["devices"], ctx["rounds"], ctx["devices"],
+                            ctx["seed"])
         pt.done()
         return params
     if name == EPOCHRR:
@@ -257,6 +314,7 @@ def parse(data: dict[str, Any]) -> Scenario:
     ct.done()
     sizes = np.diff(split_shares(devices, [g.share for g in groups]))
     protocol = _protocol(top.table("protocol"), {"rounds": rounds, "devices": devices, "groups": len(groups),
+                                                 "seed": seed,
                                                  "smallest_group": int(sizes.min()), "behavior": behavior})
     if behavior != "honest" and protocol.name != THRESH:
         raise ScenarioError(f"collector.behavior: {behavior!r} is only defined for {THRESH}")
@@ -286,6 +344,7 @@ def parse(data: dict[str, Any]) -> Scenario:
         jitter=nt.get("jitter", float, 0.0, check=lambda v: v >= 0, what=">= 0"),
         loss=nt.get("loss", float, 0.0, check=lambda v: 0 <= v < 1, what="a number in [0, 1)"),
         deadline=nt.get("deadline", float, 3600.0, check=_positive, what="> 0"),
+        downlink_loss=nt.get("downlink_loss", float, 0.0, check=lambda v: 0 <= v < 1, what="a number in [0, 1)"),
     )
     nt.done()
     if net.latency >= net.deadline:
@@ -363,5 +422,9 @@ def read(spec: str) -> tuple[Path, dict[str, Any]]:
 
 def load(spec: str, overrides: list[str] | None = None) -> Scenario:
     """Load, override and validate a scenario file."""
-    _, data = read(spec)
-    return parse(apply_overrides(data, overrides or []))
+    path, data = read(spec)
+    BASE_DIR.append(path.parent)
+    try:
+        return parse(apply_overrides(data, overrides or []))
+    finally:
+        BASE_DIR.pop()

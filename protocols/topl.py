@@ -1,0 +1,262 @@
+"""ToPL (Wang et al., CCS 2021, section 6): threshold optimizer + Hybrid Mechanism reports, event-level LDP.
+
+Devices report one value per round (their counter). In a threshold round (round 1 and every
+``rethreshold_every`` rounds after) a keyed holdout of devices sends Square Wave reports of v/m at
+``threshold_epsilon``; the collector estimates the value density with EM (SW-W pruning, or EMS smoothing),
+chooses theta, and broadcasts it (a :class:`~protocols.messages.Threshold` message that applies from its
+round on). The other devices truncate to [0, theta] and report t = 2 min(x, theta)/theta - 1 with HM at
+``epsilon``; each report names the theta version it used, so a device that missed a broadcast is decoded
+with the theta it really used, and a theta never applies to a round before its own. The collector's
+estimate of the round's sum over devices is n x mean((y + 1) theta_v/2).
+
+Threshold choice (ALGORITHMS.md section 4, adapted to many devices a round): a random range query over R
+rounds has E[len] = R/3 and E[len^2] = R^2/6 (both ~), so per device
+MSE(theta) = (R/3) Var_HM(theta)/r + (R^2/6) B(theta)^2, Var_HM(theta) = theta^2/4 x (HM's worst-case
+variance), B(theta) = sum_x f(x) max(x - theta, 0), with r the reports a round (the paper streams one value
+per time step, r = 1). Candidates are the EM domain's bin edges. Each report is charged its epsilon
+(event-level): the ledger states the cumulative per-device spend this implies.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from protocols import keyed, numeric
+from protocols.base import ProtocolError, RoundResult, check_params
+from protocols.collecting import Column, ReportCollector
+from protocols.keyed import Purpose, stream_key
+from protocols.ledger import Charge
+from protocols.messages import CollectionRequest, ReportBatch, Threshold
+
+TOPL = "topl"
+EVENT_REPORT = "event_report"
+METHODS = ("sw-w", "ems", "oracle")
+
+
+def hm_bound(eps: float) -> float:
+    """Largest |output| of HM: the larger of PM's C and SR's C."""
+    return max((math.exp(eps / 2) + 1) / (math.exp(eps / 2) - 1), (math.exp(eps) + 1) / (math.exp(eps) - 1))
+
+
+def range_mse(theta: np.ndarray, density: np.ndarray, centers: np.ndarray, eps: float, rounds: int,
+              reports: int) -> np.ndarray:
+    """The optimizer's objective (module docstring) for each candidate theta, per device and round."""
+    theta = np.asarray(theta, dtype=np.float64)
+    var = theta**2 / 4 * numeric.hm_worst_variance(eps) / max(reports, 1)
+    excess = np.maximum(centers[None, :] - theta[:, None], 0.0)
+    bias = excess @ (density / density.sum())
+    return rounds / 3 * var + rounds**2 / 6 * bias**2
+
+
+def choose_threshold(density: np.ndarray, max_value: float, eps: float, rounds: int, reports: int) -> float:
+    """theta among the bin edges of the density's domain [0, max_value] that minimizes :func:`range_mse`."""
+    d = density.size
+    edges = np.arange(1, d + 1) * (max_value / d)
+    centers = (np.arange(d) + 0.5) * (max_value / d)
+    return float(edges[int(np.argmin(range_mse(edges, density, centers, eps, rounds, reports)))])
+
+
+@dataclass(frozen=True)
+class ToplParams:
+    name: str
+    epsilon: float  # HM, per report
+    threshold_epsilon: float  # SW, per holdout report
+    max_value: float
+    holdout: float  # share of devices in the holdout (keyed per device)
+    rethreshold_every: int  # 0: choose theta once, in round 1
+    rounds: int
+    devices: int
+    method: str = "sw-w"  # "sw-w", "ems", or "oracle" (the true density, a reference baseline)
+    bins: int = 1024
+
+    kind = "stream"
+
+    def __post_init__(self) -> None:
+        check_params(self.epsilon, self.max_value)
+        check_params(self.threshold_epsilon, self.max_value)
+        if not 0 < self.holdout < 1:
+            raise ValueError(f"protocol.holdout must be a share in (0, 1), got {self.holdout}")
+        if self.method not in METHODS:
+            raise ValueError(f"protocol.method must be one of {METHODS}, got {self.method!r}")
+
+    @property
+    def round_epsilon(self) -> float:
+        return max(self.epsilon, self.threshold_epsilon)
+
+    def threshold_round(self, r: int) -> bool:
+        return r == 1 or (self.rethreshold_every > 0 and (r - 1) % self.rethreshold_every == 0)
+
+    def make_devices(self, seed: int, device_ids: np.ndarray) -> "ToplDevices":
+        return ToplDevices(self, seed, device_ids)
+
+    def make_collector(self, n_devices: int) -> "ToplCollector":
+        return ToplCollector(self, n_devices)
+
+    def truth(self, values: np.ndarray) -> float:
+        return float(values.sum())
+
+    def estimate_sd(self, values: np.ndarray, reports: int) -> float:
+        """Upper bound: n x theta/2 x sqrt(worst-case HM variance / r) with theta = max_value."""
+        return self.devices * self.max_value / 2 * math.sqrt(numeric.hm_worst_variance(self.epsilon) / reports)
+
+
+class ToplDevices:
+    """Device side: the thetas received with the round each applies from, one report per round. A fresh
+    keyed holdout is drawn for every threshold round: its devices send Square Wave in that round and HM
+    reports like everyone else in the other rounds."""
+
+    def in_holdout(self, r: int) -> np.ndarray:
+        """Whether each device is in the holdout of threshold round ``r`` (keyed by the round: fresh each time)."""
+        u = keyed.uniform(stream_key(self.seed, Purpose.HOLDOUT, r), self.device_ids)
+        return u < self.params.holdout
+
+    def __init__(self, params: ToplParams, seed: int, device_ids: np.ndarray) -> None:
+        self.params, self.seed = params, int(seed)
+        self.device_ids = np.ascontiguousarray(device_ids, dtype=np.uint64)
+        n = self.device_ids.size
+        self.theta = np.zeros(n)  # latest theta received (0: none)
+        self.version = np.zeros(n, dtype=np.int64)
+        self.from_round = np.zeros(n, dtype=np.int64)
+        self.last_round = np.zeros(n, dtype=np.int64)  # last round each device reported
+
+    def _report(self, r: int, rows: np.ndarray, values: np.ndarray, now: float, holdout_stage: bool
+                ) -> tuple[ReportBatch | None, list[Charge]]:
+        p, ids = self.params, self.device_ids
+        rows = rows & (self.last_round < r)
+        if not rows.any():
+            return None, []
+        self.last_round[rows] = r
+        sel = self.device_ids[rows]
+        x = np.asarray(values, dtype=np.float64)[rows]
+        key = lambda k: keyed.uniform(stream_key(self.seed, Purpose.REPORT, r, k), sel)  # noqa: E731
+        if holdout_stage:
+            y = numeric.sw_randomize(np.clip(x / p.max_value, 0.0, 1.0), p.threshold_epsilon, key(0), key(1))
+            cols, eps = {"s": np.asarray(y, dtype=np.float64)}, p.threshold_epsilon
+        else:
+            theta = self.theta[rows]
+            t = 2.0 * np.minimum(x, theta) / theta - 1.0  # truncate to [0, theta], map to [-1, 1]
+            y = numeric.hm_randomize(t, p.epsilon, key(2), key(3), key(4))
+            cols = {"y": np.asarray(y, dtype=np.float64), "v": self.version[rows].astype(np.uint32)}
+            eps = p.epsilon
+        return ReportBatch(r, p.name, sel.astype(np.uint32), cols), [Charge(r, now, EVENT_REPORT, eps, sel)]
+
+    def respond(self, msg: CollectionRequest | Threshold, day: int, values: np.ndarray, now: float,
+                present: np.ndarray | None = None) -> tuple[ReportBatch | None, list[Charge]]:
+        p = self.params
+        r = msg.round
+        if msg.protocol != p.name or r != day:
+            return None, []
+        here = np.ones(self.device_ids.size, bool) if present is None else present
+        holdout = self.in_holdout(r) if p.threshold_round(r) else np.zeros(self.device_ids.size, bool)
+        if isinstance(msg, Threshold):
+            # the broadcast theta applies from its round on; devices that missed it keep theirs (and say so)
+            newer = here & (msg.version > self.version)
+            self.theta[newer], self.version[newer], self.from_round[newer] = msg.theta, msg.version, msg.round
+            return self._report(r, here & newer & ~holdout, values, now, holdout_stage=False)
+        if not isinstance(msg, CollectionRequest):
+            return None, []
+        if p.threshold_round(r):
+            return self._report(r, here & holdout, values, now, holdout_stage=True)
+        return self._report(r, here & (self.version > 0), values, now, holdout_stage=False)
+
+
+class _Stage(ReportCollector):
+    def __init__(self, name: str, columns: tuple[Column, ...], n_devices: int) -> None:
+        self.name, self.columns = name, columns
+        super().__init__(n_devices)
+
+    def estimate(self, reports: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {k: v[:, 0] for k, v in reports.items()}
+
+    def empty_estimate(self) -> dict[str, np.ndarray]:
+        return {c.name: np.empty(0) for c in self.columns}
+
+
+class ToplCollector:
+    """Collector side: holdout stage (SW + EM + threshold) in threshold rounds, then HM reports."""
+
+    def __init__(self, params: ToplParams, n_devices: int) -> None:
+        self.params, self.name, self.n_devices = params, params.name, int(n_devices)
+        b = numeric.sw_b(params.threshold_epsilon)
+        self.holdout = _Stage(params.name, (Column("s", np.float64, low=-b, high=1 + b),), n_devices)
+        c = hm_bound(params.epsilon)
+        self.reports = _Stage(params.name, (Column("y", np.float64, low=-c - 1e-9, high=c + 1e-9),
+                                             Column("v", np.uint32, low=1)), n_devices)
+        self.thetas: dict[int, float] = {}  # version -> theta
+        self.history: list[tuple[int, float]] = []  # (round, theta chosen)
+        self.oracle_values: np.ndarray | None = None  # method "oracle": the round's true values (reference)
+        self._m: np.ndarray | None = None
+        self.round, self.stage = 0, None
+        self.densities: list[np.ndarray] = []
+        self._holdout_reports = 0
+
+    def request(self, round_: int, deadline: float) -> CollectionRequest:
+        self.round = round_
+        if self.params.threshold_round(round_):
+            self.stage = self.holdout
+            return self.holdout.request(round_, deadline)
+        self.stage = self.reports
+        return self.reports.request(round_, deadline)
+
+    def receive(self, batch: ReportBatch) -> int:
+        if self.stage is None:
+            raise ProtocolError("no stage is open")
+        if self.stage is self.reports and batch.columns.get("v") is not None:
+            v = batch.columns["v"]
+            if v.size and (int(v.max()) not in self.thetas or int(v.min()) < 1):
+                raise ProtocolError("report names a threshold version that was never broadcast")
+        return self.stage.receive(batch)
+
+    def density(self, s: np.ndarray) -> np.ndarray:
+        """The value density over ``bins`` bins of [0, max_value] from SW reports (EM; SW-W or EMS)."""
+        p = self.params
+        if self._m is None:
+            self._m = numeric.sw_transition_matrix(p.threshold_epsilon, p.bins, p.bins)
+        b = numeric.sw_b(p.threshold_epsilon)
+        counts = np.histogram(s, bins=p.bins, range=(-b, 1 + b))[0].astype(np.float64)
+        theta, _ = numeric.em_estimate(counts, self._m, smoothing=p.method == "ems")
+        return numeric.sw_w_prune(theta) if p.method == "sw-w" else theta
+
+    def advance(self, deadline: float) -> Threshold | None:
+        if self.stage is not self.holdout:
+            return None
+        p = self.params
+        res = self.holdout.close_round()
+        self._holdout_reports = res.reports
+        if p.method == "oracle" and self.oracle_values is not None:
+            dens = np.histogram(self.oracle_values, bins=p.bins, range=(0, p.max_value))[0].astype(np.float64)
+        elif res.reports:
+            dens = self.density(res.estimate["s"])
+        else:
+            dens = np.ones(p.bins)
+        self.densities.append(dens / dens.sum())
+        theta = choose_threshold(dens, p.max_value, p.epsilon, p.rounds, self.n_devices)
+        version = len(self.thetas) + 1
+        self.thetas[version] = theta
+        self.history.append((self.round, theta))
+        self.stage = self.reports
+        self.reports.request(self.round, deadline)
+        return Threshold(round=self.round, protocol=self.name, theta=theta, version=version, deadline=deadline)
+
+    def close_round(self) -> RoundResult:
+        res = self.reports.close_round()
+        self.stage = None
+        y, v = res.estimate["y"], res.estimate["v"].astype(np.int64)
+        if res.reports:
+            by_version = np.array([0.0] + [self.thetas[k] for k in range(1, len(self.thetas) + 1)])
+            theta = by_version[v]
+            est = self.n_devices * float(((y + 1.0) * theta / 2.0).mean())  # back to [0, theta], unbiased
+        else:
+            est = math.nan
+        info = {"theta": self.history[-1][1] if self.history else math.nan,
+                "holdout_reports": self._holdout_reports}
+        self._holdout_reports = 0
+        return RoundResult(round=self.round, estimate=est, reports=res.reports, info=info)
+
+    def transcript_digest(self) -> str:
+        return hashlib.sha256((self.holdout.transcript_digest() + self.reports.transcript_digest()).encode()
+                              ).hexdigest()

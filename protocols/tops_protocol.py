@@ -1,0 +1,123 @@
+"""ToPS as a protocol: the central-DP baseline of Wang et al. (CCS 2021), run by a trusted collector.
+
+Devices send raw values (no local randomization: the collector is trusted). In round 1 the values of a keyed
+holdout of devices pick the threshold theta by report-noisy-max at ``threshold_epsilon`` (those values are
+used for nothing else). Every round the collector clips each device's value to [0, theta] and feeds the sum,
+whose sensitivity to one device's report is theta, to the fan-out-16 hierarchy with online consistency at
+``epsilon`` (protocols.tops.ToPS; its Recent smoother is off here, see TopsCollector); the round's released value is the estimate of the
+sum over reporting devices, scaled to the population. Event-level central DP: the ledger charges each device
+``epsilon`` per report (``central_release``), the guarantee of the public release, not of what the trusted
+collector sees.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from protocols import keyed
+from protocols.base import RoundResult, check_params
+from protocols.collecting import Column, ReportCollector
+from protocols.keyed import Purpose, stream_key
+from protocols.ledger import Charge
+from protocols.messages import CollectionRequest, ReportBatch
+from protocols.tops import ToPS
+
+TOPS = "tops"
+CENTRAL_RELEASE = "central_release"
+
+
+@dataclass(frozen=True)
+class TopsParams:
+    name: str
+    epsilon: float
+    threshold_epsilon: float
+    max_value: float
+    holdout: float
+    rounds: int
+    devices: int
+    seed: int = 0
+
+    kind = "stream"
+    method = "tops"
+
+    def __post_init__(self) -> None:
+        check_params(self.epsilon, self.max_value)
+        check_params(self.threshold_epsilon, self.max_value)
+        if not 0 < self.holdout < 1:
+            raise ValueError(f"protocol.holdout must be a share in (0, 1), got {self.holdout}")
+
+    @property
+    def round_epsilon(self) -> float:
+        return self.epsilon
+
+    def threshold_round(self, r: int) -> bool:
+        return r == 1
+
+    def make_devices(self, seed: int, device_ids: np.ndarray) -> "TopsDevices":
+        return TopsDevices(self, seed, device_ids)
+
+    def make_collector(self, n_devices: int) -> "TopsCollector":
+        return TopsCollector(self, n_devices)
+
+    def truth(self, values: np.ndarray) -> float:
+        return float(values.sum())
+
+    def estimate_sd(self, values: np.ndarray, reports: int) -> float:
+        return math.nan
+
+
+class TopsDevices:
+    def __init__(self, params: TopsParams, seed: int, device_ids: np.ndarray) -> None:
+        self.params, self.seed = params, int(seed)
+        self.device_ids = np.ascontiguousarray(device_ids, dtype=np.uint64)
+        self.last_round = 0
+
+    def respond(self, msg: CollectionRequest, day: int, values: np.ndarray, now: float,
+                present: np.ndarray | None = None) -> tuple[ReportBatch | None, list[Charge]]:
+        p = self.params
+        if not isinstance(msg, CollectionRequest) or msg.protocol != p.name or msg.round != day \
+                or msg.round <= self.last_round:
+            return None, []
+        self.last_round = msg.round
+        rows = np.ones(self.device_ids.size, bool) if present is None else present
+        ids = self.device_ids[rows]
+        x = np.clip(np.asarray(values, dtype=np.float64)[rows], 0.0, p.max_value)
+        return (ReportBatch(msg.round, p.name, ids.astype(np.uint32), {"x": x}),
+                [Charge(msg.round, now, CENTRAL_RELEASE, p.epsilon, ids)])
+
+
+class TopsCollector(ReportCollector):
+    """The trusted collector: raw values in, the ToPS release out."""
+
+    def __init__(self, params: TopsParams, n_devices: int) -> None:
+        self.params, self.name = params, params.name
+        self.columns = (Column("x", np.float64, low=0.0, high=params.max_value),)
+        super().__init__(n_devices)
+        # smooth_levels = 0: the Recent smoother predicts a step from the previous block (and guesses theta/2
+        # per step at first), which pays off when a step's value is comparable to the noise; a round's sum over
+        # many devices is 1e4-1e5 times the noise scale theta/eps here, so smoothing would only add error
+        self.tops = ToPS(params.max_value, params.epsilon, params.threshold_epsilon, range_limit=params.rounds,
+                         seed=params.seed, smooth_levels=0)
+        self.history: list[tuple[int, float]] = []
+        self._ids = np.arange(n_devices, dtype=np.uint64)
+
+    def estimate(self, reports: dict[str, np.ndarray]) -> float:
+        p = self.params
+        x = reports["x"][:, 0]
+        present = self._present_ids
+        if self.tops.threshold is None:  # round 1: the holdout's values choose theta, then sit this round out
+            hold = keyed.uniform(stream_key(p.seed, Purpose.HOLDOUT, 1), present.astype(np.uint64)) < p.holdout
+            theta = self.tops.choose_threshold(x[hold])
+            self.history.append((self.round, theta))
+            x = x[~hold]
+        total = float(np.minimum(x, self.tops.threshold).sum())
+        return self.tops.add(total, clip=False) * self.n_devices / max(x.size, 1)
+
+    def close_round(self) -> RoundResult:
+        self._present_ids = np.flatnonzero(self._present) if self._present is not None else np.empty(0, np.int64)
+        res = super().close_round()
+        return RoundResult(res.round, res.estimate, res.reports,
+                           info={"theta": self.tops.threshold if self.tops.threshold is not None else math.nan})
