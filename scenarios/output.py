@@ -110,6 +110,12 @@ def _theorem_bound(p) -> float:
 RANGE_QUERIES = 1000
 
 
+def _range_errors(sc, truth: np.ndarray, est: np.ndarray) -> dict:
+    queries = range_queries(sc.rounds, RANGE_QUERIES, sc.seed)
+    return {"range_mse": range_mse(truth, est, queries),
+            "range_mse_zero_baseline": range_mse(truth, np.zeros_like(truth), queries)}
+
+
 def _stream_summary(result: RunResult, truth: np.ndarray, est: np.ndarray) -> dict:
     """ToPL: thresholds chosen (and the oracle's), and the MSE of random range-sum queries."""
     sc = result.scenario
@@ -145,7 +151,8 @@ def summary(result: RunResult) -> dict:
         "rounds": sc.rounds,
         "cohort_size": sc.simulation.cohort_size,
         "parameters": {**dataclasses.asdict(sc.protocol), "round_epsilon": sc.protocol.round_epsilon},
-        "error": error_summary(sc.protocol.kind, truth, est, bucket_width(sc.protocol)),
+        "error": {**error_summary(sc.protocol.kind, truth, est, bucket_width(sc.protocol)),
+                  **(_range_errors(sc, truth, est) if sc.protocol.kind == "stream" else {})},
         "epsilon": result.ledger.summary(),
         "round_epsilon_max": float(result.ledger.round_epsilon.max()) if sc.devices else 0.0,
         "messages": {"sent": traffic.messages_sent, "delivered": traffic.messages_delivered,

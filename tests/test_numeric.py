@@ -329,6 +329,11 @@ def test_sw_transition_matrix_exact_masses() -> None:
     fine = nu.sw_transition_matrix(eps, d_in * 4096, d_out, input_model="center")
     assert np.allclose(m_u, fine.reshape(d_out, d_in, 4096).mean(axis=2), rtol=0, atol=1e-8)
     assert np.abs(m_u - m_c).max() > 1e-4  # the two models do differ at the window edges
+    # cells that no window [v - b, v + b] of the input bin reaches hold exactly q |bin| (EM relies on the band)
+    a = np.linspace(0.0, 1.0, d_in + 1)
+    out_of_reach = (edges[1:, None] <= a[None, :-1] - b) | (edges[:-1, None] >= a[None, 1:] + b)
+    assert out_of_reach.any() and np.all(m_u[out_of_reach] == m_u.min())
+    assert m_u.min() == pytest.approx(nu.sw_pq(eps)[1] * (1 + 2 * b) / d_out, rel=1e-12)
     # splitting an input bin averages its columns exactly
     halves = nu.sw_transition_matrix(eps, 2 * d_in, d_out)
     assert np.allclose(m_u, halves.reshape(d_out, d_in, 2).mean(axis=2), rtol=1e-12, atol=1e-15)
