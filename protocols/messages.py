@@ -61,5 +61,26 @@ class Threshold:
     deadline: float
 
 
-Message = CollectionRequest | ReportBatch | Decision | Threshold
-MESSAGE_TYPES: dict[str, type] = {cls.TYPE: cls for cls in (CollectionRequest, ReportBatch, Decision, Threshold)}
+@dataclass(frozen=True)
+class Hello:
+    """Device client -> collector (live runtime): the devices this connection hosts; ``round`` is the next
+    round the client expects (1 on a fresh start; later after a reconnect)."""
+
+    TYPE = "hello"
+    round: int
+    protocol: str
+    devices: np.ndarray
+
+
+@dataclass(frozen=True)
+class End:
+    """Collector -> device clients (live runtime): the run is over after ``round``."""
+
+    TYPE = "end"
+    round: int
+    protocol: str
+
+
+Message = CollectionRequest | ReportBatch | Decision | Threshold | Hello | End
+MESSAGE_TYPES: dict[str, type] = {cls.TYPE: cls for cls in (CollectionRequest, ReportBatch, Decision, Threshold,
+                                                             Hello, End)}

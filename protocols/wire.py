@@ -17,7 +17,8 @@ import struct
 import msgpack
 import numpy as np
 
-from protocols.messages import MESSAGE_TYPES, CollectionRequest, Decision, Message, ReportBatch, Threshold
+from protocols.messages import (MESSAGE_TYPES, CollectionRequest, Decision, End, Hello, Message, ReportBatch,
+                                Threshold)
 
 VERSION = 1
 ARRAY_EXT = 1
@@ -92,6 +93,10 @@ def encode(msg: Message) -> bytes:
     elif isinstance(msg, Decision):
         body = {"round": msg.round, "protocol": msg.protocol, "update": bool(msg.update),
                 "deadline": float(msg.deadline)}
+    elif isinstance(msg, Hello):
+        body = {"round": msg.round, "protocol": msg.protocol, "devices": msg.devices}
+    elif isinstance(msg, End):
+        body = {"round": msg.round, "protocol": msg.protocol}
     elif isinstance(msg, Threshold):
         body = {"round": msg.round, "protocol": msg.protocol, "theta": float(msg.theta), "version": msg.version,
                 "deadline": float(msg.deadline)}
@@ -167,7 +172,8 @@ def _array(v: object, what: str) -> np.ndarray:
 
 _FIELDS = {"collect": ("round", "protocol", "deadline"), "reports": ("round", "protocol", "devices", "columns"),
            "decision": ("round", "protocol", "update", "deadline"),
-           "threshold": ("round", "protocol", "theta", "version", "deadline")}
+           "threshold": ("round", "protocol", "theta", "version", "deadline"),
+           "hello": ("round", "protocol", "devices"), "end": ("round", "protocol")}
 
 
 def decode(data: bytes, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
@@ -210,6 +216,15 @@ def decode(data: bytes, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
     protocol = _name(body, "protocol")
     if kind == "collect":
         return CollectionRequest(round=round_, protocol=protocol, deadline=_float(body, "deadline"))
+    if kind == "end":
+        return End(round=round_, protocol=protocol)
+    if kind == "hello":
+        devices = _array(body["devices"], "field 'devices'")
+        if devices.ndim != 1 or devices.dtype.kind != "u" or devices.dtype.itemsize not in (4, 8):
+            raise WireError("field 'devices' must be a one-dimensional u4 or u8 array")
+        if devices.size > 1 and not np.all(devices[1:] > devices[:-1]):
+            raise WireError("field 'devices' must be strictly increasing")
+        return Hello(round=round_, protocol=protocol, devices=devices)
     if kind == "threshold":
         return Threshold(round=round_, protocol=protocol, theta=_float(body, "theta"),
                          version=_int(body, "version", 1, MAX_ROUND), deadline=_float(body, "deadline"))

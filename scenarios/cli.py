@@ -94,6 +94,74 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _live_out(args: argparse.Namespace, name: str, suffix: str) -> Path:
+    out = Path(args.out) if args.out else Path("runs") / f"{name}-{suffix}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if (out / "summary.json").exists() and not args.force:
+        raise ScenarioError(f"--out {out}: holds a finished run; pass --force to overwrite it or choose another")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").unlink(missing_ok=True)
+    return out
+
+
+def _settings(args: argparse.Namespace):
+    from collector.server import LiveSettings
+
+    return LiveSettings(stage_timeout=args.stage_timeout, read_timeout=args.read_timeout)
+
+
+def cmd_live(args: argparse.Namespace) -> int:
+    """Server and device clients in one process over loopback TCP."""
+    import asyncio
+
+    from scenarios import live, output
+
+    scenario = load(args.scenario, args.set)
+    out = _live_out(args, scenario.name, "live")
+    with open(out / "events.jsonl", "w", encoding="utf-8") as events:
+        result = asyncio.run(live.run_embedded(scenario, args.connections, events, _settings(args)))
+    summary = output.write_run_dir(result, out, ledger_rows=not args.no_ledger_rows)
+    print(f"live run over {args.connections} connection(s): mean |error| {summary['error']['mean_abs']:.4g}; "
+          f"digests {summary['digests']['transcript'][:12]}...; {summary['wall_seconds']:.2f} s -> {out}")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from scenarios import live, output
+
+    scenario = load(args.scenario, args.set)
+    out = _live_out(args, scenario.name, "serve")
+    print(f"ldpsim: serving {scenario.name} on {args.host}:{args.port} for {scenario.devices:,} devices", file=sys.stderr)
+    with open(out / "events.jsonl", "w", encoding="utf-8") as events:
+        result = asyncio.run(live.serve(scenario, args.host, args.port, events, _settings(args)))
+    summary = output.write_run_dir(result, out, ledger_rows=False)
+    print(f"served {len(result.rounds)} rounds: mean |error| {summary['error']['mean_abs']:.4g} -> {out}")
+    return 0
+
+
+def cmd_devices(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from scenarios import live, output
+
+    scenario = load(args.scenario, args.set)
+    host, _, port = args.connect.rpartition(":")
+    if not host or not port.isdigit():
+        raise ScenarioError(f"--connect {args.connect!r}: expected HOST:PORT")
+    index, _, count = args.shard.partition("/")
+    if not (index.isdigit() and count.isdigit() and 1 <= int(index) <= int(count)):
+        raise ScenarioError(f"--shard {args.shard!r}: expected I/N with 1 <= I <= N")
+    ledger = asyncio.run(live.devices(scenario, host, int(port), int(index) - 1, int(count), args.connections))
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        output.write_ledger_csv(out / f"ledger-shard-{index}-of-{count}.csv", ledger.rows())
+    spent = ledger.spend[ledger.spend > 0]
+    print(f"shard {index}/{count}: done; per-device spend max {spent.max() if spent.size else 0:.4g}")
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="ldpsim", description="Simulate privacy-preserving telemetry collection.")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -114,6 +182,35 @@ def parser() -> argparse.ArgumentParser:
     cmp_.add_argument("--out", help="output directory (default: runs/<name>-compare)")
     cmp_.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a scenario key")
     cmp_.set_defaults(func=cmd_compare)
+
+    def live_common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("scenario", help="a scenario file or shipped name")
+        p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a scenario key")
+        p.add_argument("--stage-timeout", type=float, default=5.0, help="real seconds a stage stays open at most")
+        p.add_argument("--read-timeout", type=float, default=5.0,
+                       help="real seconds a client may take to finish a frame it started")
+
+    lv = sub.add_parser("live", help="server and device clients in one process over loopback TCP")
+    live_common(lv)
+    lv.add_argument("--connections", type=int, default=2, help="device client connections (default 2)")
+    lv.add_argument("--out", help="run directory (default: runs/<name>-live-<timestamp>)")
+    lv.add_argument("--force", action="store_true")
+    lv.add_argument("--no-ledger-rows", action="store_true")
+    lv.set_defaults(func=cmd_live)
+    sv = sub.add_parser("serve", help="the collector server alone")
+    live_common(sv)
+    sv.add_argument("--host", default="127.0.0.1")
+    sv.add_argument("--port", type=int, default=7337)
+    sv.add_argument("--out", help="run directory (default: runs/<name>-serve-<timestamp>)")
+    sv.add_argument("--force", action="store_true")
+    sv.set_defaults(func=cmd_serve)
+    dv = sub.add_parser("devices", help="device clients for one shard of the population")
+    live_common(dv)
+    dv.add_argument("--connect", required=True, metavar="HOST:PORT")
+    dv.add_argument("--shard", default="1/1", metavar="I/N", help="this process hosts shard I of N (1-based)")
+    dv.add_argument("--connections", type=int, default=1)
+    dv.add_argument("--out", help="directory for this shard's ledger")
+    dv.set_defaults(func=cmd_devices)
 
     sw = sub.add_parser(
         "sweep", help="run a scenario over a grid of parameter values, repeated with derived seeds",

@@ -107,51 +107,23 @@ def run(scenario: Scenario, events: TextIO | None = None,
     log.info("run_started", devices=sc.devices, rounds=sc.rounds, protocol=dataclasses.asdict(sc.protocol),
              cohorts=len(cohorts), round_epsilon=sc.protocol.round_epsilon)
 
-    records: list[RoundRecord] = []
-    kind, width = sc.protocol.kind, bucket_width(sc.protocol)
-    all_ids = np.arange(sc.devices)
-
-    epoch_length = int(getattr(sc.protocol, "epoch_length", 1))  # rounds per collection (THRESH: l)
+    book = RoundBook(sc, world, ledger, protocol, log)
     observers = [c for c in cohorts if hasattr(c.device, "observe")]
 
     def clock():
-        levels: list[float] = []  # mean of the devices' levels over the epoch (THRESH's p^t)
         for r in range(1, sc.rounds + 1):
             start = (r - 1) * sc.simulation.round_seconds
             if env.now < start:
                 yield env.timeout(start - env.now)
-            for change in world.advance_to(r):
-                log.info("behavior_change", round=r, group=change.group, fraction=change.fraction)
+            book.advance_day(r)
             for cohort in observers:
                 cohort.observe(r)
-            if kind == "epoch":
-                levels.append(float(world.levels.mean()))
-            if r % epoch_length:
+            if r % book.epoch_length:
                 continue
-            t = r // epoch_length
-            oracle = None
-            if sc.protocol.name == "topl" and sc.protocol.threshold_round(t):
-                oracle = oracle_threshold(sc.protocol, world.values(all_ids)[0])
-                if sc.protocol.method == "oracle":
-                    protocol.oracle_values = world.values(all_ids)[0].copy()
+            t = r // book.epoch_length
+            book.before_collect(t)
             result = yield env.process(collector.run_round(t))
-            if oracle is not None:
-                result.info["oracle_theta"] = oracle
-            values, clipped = world.values(all_ids)
-            if kind == "epoch":
-                truth = float(np.mean(levels))
-                levels.clear()
-                sd = sc.protocol.estimate_sd(world.levels, result.reports) if result.reports else math.nan
-            else:
-                truth = sc.protocol.truth(values)
-                sd = sc.protocol.estimate_sd(values, result.reports) if result.reports else math.nan
-            records.append(RoundRecord(t, env.now, truth, result.estimate, result.reports, clipped, sd,
-                                       result.info))
-            spend = ledger.close_round(t, env.now)
-            shown = {"truth": truth, "estimate": result.estimate} if kind in ("mean", "epoch", "stream") else {}
-            log.info("round_closed", round=t, **shown, **round_metrics(kind, truth, result.estimate, width),
-                     **result.info, reports=result.reports, clipped=clipped, rejected=collector.stats.rejected,
-                     spend={k: v for k, v in spend.items() if k not in ("round", "time")})
+            book.close(t, result, env.now, collector.stats.rejected)
             if progress is not None:
                 progress(r, sc.rounds)
 
@@ -159,5 +131,56 @@ def run(scenario: Scenario, events: TextIO | None = None,
     env.run(until=done)
     wall = time.perf_counter() - t0
     log.info("run_finished", wall_seconds=wall, messages_rejected=collector.stats.rejected)
-    return RunResult(sc, records, ledger, world, collector, network, protocol.transcript_digest(), wall,
+    return RunResult(sc, book.records, ledger, world, collector, network, protocol.transcript_digest(), wall,
                      sum(c.rejected for c in cohorts))
+
+
+class RoundBook:
+    """The world-side bookkeeping of a run, shared by the simulated and the live runtime: scripted changes,
+    the truth of each round (for THRESH the mean of the group probabilities over the epoch), ToPL's oracle
+    threshold, round records, spend snapshots and the round_closed event."""
+
+    def __init__(self, sc: Scenario, world: World, ledger: Ledger, protocol: Any, log: Any) -> None:
+        self.sc, self.world, self.ledger, self.protocol, self.log = sc, world, ledger, protocol, log
+        self.kind, self.width = sc.protocol.kind, bucket_width(sc.protocol)
+        self.epoch_length = int(getattr(sc.protocol, "epoch_length", 1))  # rounds per collection (THRESH: l)
+        self.all_ids = np.arange(sc.devices)
+        self.records: list[RoundRecord] = []
+        self._levels: list[float] = []
+        self._oracle: float | None = None
+
+    def advance_day(self, day: int) -> None:
+        for change in self.world.advance_to(day):
+            self.log.info("behavior_change", round=day, group=change.group, fraction=change.fraction)
+        if self.kind == "epoch":
+            self._levels.append(float(self.world.levels.mean()))
+
+    def before_collect(self, t: int) -> None:
+        sc = self.sc
+        self._oracle = None
+        if sc.protocol.name == "topl" and sc.protocol.threshold_round(t):
+            values = self.world.values(self.all_ids)[0]
+            self._oracle = oracle_threshold(sc.protocol, values)
+            if sc.protocol.method == "oracle":
+                self.protocol.oracle_values = values.copy()
+
+    def close(self, t: int, result: Any, now: float, rejected: int) -> RoundRecord:
+        sc, kind = self.sc, self.kind
+        if self._oracle is not None:
+            result.info["oracle_theta"] = self._oracle
+        values, clipped = self.world.values(self.all_ids)
+        if kind == "epoch":
+            truth = float(np.mean(self._levels))
+            self._levels.clear()
+            sd = sc.protocol.estimate_sd(self.world.levels, result.reports) if result.reports else math.nan
+        else:
+            truth = sc.protocol.truth(values)
+            sd = sc.protocol.estimate_sd(values, result.reports) if result.reports else math.nan
+        rec = RoundRecord(t, now, truth, result.estimate, result.reports, clipped, sd, result.info)
+        self.records.append(rec)
+        spend = self.ledger.close_round(t, now)
+        shown = {"truth": truth, "estimate": result.estimate} if kind in ("mean", "epoch", "stream") else {}
+        self.log.info("round_closed", round=t, **shown, **round_metrics(kind, truth, result.estimate, self.width),
+                      **result.info, reports=result.reports, clipped=clipped, rejected=rejected,
+                      spend={k: v for k, v in spend.items() if k not in ("round", "time")})
+        return rec

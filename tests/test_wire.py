@@ -172,7 +172,7 @@ MALFORMED = [
     ("version array of two", pack(collect_body(v=arr("u4", [1, 1]))), "unsupported wire version"),
     ("version empty array", pack(collect_body(v=arr("u4", []))), "unsupported wire version"),
     # type
-    ("unknown type", pack(collect_body(type="hello")), "unknown message type 'hello'"),
+    ("unknown type", pack(collect_body(type="greeting")), "unknown message type 'greeting'"),
     ("type missing", pack(collect_body(type=_DROP)), "unknown message type None"),
     ("type is a list", pack(collect_body(type=["collect"])), "unknown message type"),
     ("type is a map", pack(collect_body(type={"a": 1})), "unknown message type"),

@@ -1,0 +1,114 @@
+"""A live device client: hosts device cohorts over one TCP connection to the collector (asyncio).
+
+The device-side protocol objects, the world model and the ledger live in the client, not in the connection:
+a client that loses its connection reconnects with exponential backoff and keeps every device's memo state,
+reveals and privacy caps. Each collector message is answered by every cohort (report batches), followed by
+an empty batch that acknowledges the stage. The devices' own day advances with the rounds asked for (each
+day observed once, in order), and ``now`` is the scenario's nominal time, as in the simulator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+
+from agents.world import World
+from protocols import wire
+from protocols.framing import FrameDecoder, frame
+from protocols.ledger import Ledger
+from protocols.messages import CollectionRequest, Decision, End, Hello, ReportBatch, Threshold
+
+
+class DeviceClient:
+    def __init__(self, params: Any, seed: int, device_ids: np.ndarray, cohort_size: int, world: World,
+                 ledger: Ledger, deadline: float, latency: float, host: str, port: int,
+                 backoff: tuple[float, float] = (0.05, 2.0), max_frame: int = wire.MAX_MESSAGE_BYTES) -> None:
+        self.params, self.world, self.ledger = params, world, ledger
+        self.deadline, self.latency = float(deadline), float(latency)
+        self.host, self.port, self.backoff, self.max_frame = host, int(port), backoff, max_frame
+        ids = np.asarray(device_ids, dtype=np.int64)
+        self.ids = ids
+        self.cohorts = [params.make_devices(seed, ids[i:i + cohort_size]) for i in range(0, ids.size, cohort_size)]
+        self.epoch_length = int(getattr(params, "epoch_length", 1))
+        self.day = 0
+        self.done = False
+        self.connections = 0  # how many times it connected (reconnects = connections - 1)
+        self.writer: asyncio.StreamWriter | None = None
+
+    def _advance(self, day: int) -> None:
+        """Bring the devices' days up to ``day`` (observing each one, for protocols that keep epoch state)."""
+        while self.day < day:
+            self.day += 1
+            self.world.advance_to(self.day)
+            for cohort in self.cohorts:
+                if hasattr(cohort, "observe"):
+                    ids = cohort.device_ids.astype(np.int64)
+                    cohort.observe(self.day, self.world.values(ids)[0], self.world.present(ids))
+
+    def answer(self, msg: CollectionRequest | Decision | Threshold) -> list[bytes]:
+        """The frames to send for one collector message: each cohort's batch, then the acknowledgement."""
+        self._advance(msg.round * self.epoch_length)
+        now = msg.deadline - self.deadline + self.latency  # the simulator's answer time for this stage
+        out = []
+        for cohort in self.cohorts:
+            ids = cohort.device_ids.astype(np.int64)
+            values, _ = self.world.values(ids)
+            batch, charges = cohort.respond(msg, self.day, values, now, self.world.present(ids))
+            for charge in charges:
+                self.ledger.record(charge)
+            if batch is not None and len(batch):
+                out.append(frame(wire.encode(batch)))
+        out.append(frame(wire.encode(ReportBatch(msg.round, msg.protocol, np.empty(0, np.uint32), {}))))
+        return out
+
+    async def run(self) -> None:
+        delay = self.backoff[0]
+        while not self.done:
+            try:
+                reader, writer = await asyncio.open_connection(self.host, self.port)
+            except OSError:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.backoff[1])
+                continue
+            self.connections += 1
+            delay = self.backoff[0]
+            self.writer = writer
+            try:
+                await self._session(reader, writer)
+            except (ConnectionError, asyncio.IncompleteReadError, OSError):
+                pass
+            finally:
+                writer.close()
+                self.writer = None
+            if not self.done:
+                await asyncio.sleep(delay)
+
+    async def _session(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        hello = Hello(round=self.day // self.epoch_length + 1, protocol=self.params.name,
+                      devices=self.ids.astype(np.uint32))
+        writer.write(frame(wire.encode(hello)))
+        await writer.drain()
+        decoder = FrameDecoder(self.max_frame)
+        while True:
+            data = await reader.read(1 << 16)
+            if not data:
+                return
+            for raw in decoder.feed(data):
+                try:
+                    msg = wire.decode(raw)
+                except wire.WireError:
+                    continue
+                if isinstance(msg, End):
+                    self.done = True
+                    return
+                if isinstance(msg, (CollectionRequest, Decision, Threshold)):
+                    for chunk in self.answer(msg):
+                        writer.write(chunk)
+                    await writer.drain()
+
+    def disconnect(self) -> None:
+        """Drop the current connection (for fault tests); the client reconnects by itself."""
+        if self.writer is not None:
+            self.writer.transport.abort()

@@ -1,0 +1,135 @@
+"""Live runs: the collector server and device clients over real TCP (asyncio), writing the run directory a
+simulated run writes. ``ldpsim live`` runs both in one process on loopback; ``ldpsim serve`` and
+``ldpsim devices --shard I/N`` run them apart.
+
+The live runtime drives the very protocol objects of the simulator; messages carry the scenario's nominal
+times, so a live run without loss gives the simulated run's transcript, ledger and estimate digests.
+In split mode each device process keeps its own ledger (written beside its shard); the server's run
+directory has the collector's view (transcript and estimates), and its ledger holds what the devices of
+that process recorded only in embedded mode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+import numpy as np
+
+from agents.client import DeviceClient
+from agents.world import World
+from collector.network import Traffic
+from collector.server import LiveCollector, LiveSettings
+from protocols.ledger import Ledger
+from scenarios.runner import RoundBook, RunResult, _event_logger
+from scenarios.schema import Scenario
+
+
+@dataclass
+class NominalClock:
+    """The scenario's timeline, for event timestamps (sim_time) in live runs."""
+
+    now: float = 0.0
+
+
+class _Network:
+    def __init__(self) -> None:
+        self.traffic = Traffic()
+
+
+def build_server(sc: Scenario, ledger: Ledger, events: TextIO | None, settings: LiveSettings
+                 ) -> tuple[LiveCollector, RoundBook, NominalClock]:
+    clock = NominalClock()
+    log = _event_logger(events, clock).bind(run=sc.name, seed=sc.seed, runtime="live")
+    protocol = sc.protocol.make_collector(sc.devices)
+    world = World(sc.seed, sc.devices, sc.groups, sc.changes, sc.protocol.max_value)
+    book = RoundBook(sc, world, ledger, protocol, log)
+    length = book.epoch_length
+
+    def nominal_start(t: int) -> float:
+        return (t * length - 1) * sc.simulation.round_seconds
+
+    def on_round_start(t: int) -> None:
+        clock.now = nominal_start(t)
+        for d in range((t - 1) * length + 1, t * length + 1):
+            book.advance_day(d)
+        book.before_collect(t)
+
+    def on_round_closed(t: int, result: Any, close_time: float) -> None:
+        clock.now = close_time
+        book.close(t, result, close_time, server.stats.rejected)
+
+    server = LiveCollector(protocol, sc.devices, sc.rounds // length, nominal_start, sc.network.deadline, settings,
+                           log, on_round_start, on_round_closed)
+    return server, book, clock
+
+
+def build_client(sc: Scenario, device_ids: np.ndarray, ledger: Ledger, host: str, port: int) -> DeviceClient:
+    world = World(sc.seed, sc.devices, sc.groups, sc.changes, sc.protocol.max_value)
+    return DeviceClient(sc.protocol, sc.seed, device_ids, sc.simulation.cohort_size, world, ledger,
+                        sc.network.deadline, sc.network.latency, host, port)
+
+
+def shard(n: int, index: int, count: int) -> np.ndarray:
+    """Device ids of shard ``index`` (0-based) of ``count`` contiguous shards."""
+    return np.arange(n * index // count, n * (index + 1) // count, dtype=np.int64)
+
+
+async def run_embedded(sc: Scenario, connections: int = 2, events: TextIO | None = None,
+                       settings: LiveSettings | None = None, host: str = "127.0.0.1") -> RunResult:
+    """Server and ``connections`` device clients in this process on loopback."""
+    t0 = time.perf_counter()
+    ledger = Ledger(sc.devices)
+    server, book, _ = build_server(sc, ledger, events, settings or LiveSettings())
+    port = await server.start(host, 0)
+    clients = [build_client(sc, shard(sc.devices, i, connections), ledger, host, port) for i in range(connections)]
+    tasks = [asyncio.create_task(c.run()) for c in clients]
+    try:
+        await server.run()
+        await asyncio.wait_for(asyncio.gather(*tasks), 10)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await server.close()
+    return live_result(sc, server, book, ledger, time.perf_counter() - t0)
+
+
+def live_result(sc: Scenario, server: LiveCollector, book: RoundBook, ledger: Ledger, wall: float) -> RunResult:
+    network = _Network()
+    network.traffic.reports_sent = server.stats.reports_accepted
+    network.traffic.messages_sent = server.frames_sent + server.stats.received  # both directions
+    network.traffic.messages_delivered = network.traffic.messages_sent
+    return RunResult(sc, book.records, ledger, book.world, server, network, server.protocol.transcript_digest(),
+                     wall, 0, extra={"dropped_connections": server.dropped})
+
+
+def run_live(sc: Scenario, connections: int = 2, events: TextIO | None = None,
+             settings: LiveSettings | None = None) -> RunResult:
+    return asyncio.run(run_embedded(sc, connections, events, settings))
+
+
+async def serve(sc: Scenario, host: str, port: int, events: TextIO | None = None,
+                settings: LiveSettings | None = None) -> RunResult:
+    """The collector alone (devices connect from elsewhere); returns when the run is over."""
+    t0 = time.perf_counter()
+    ledger = Ledger(sc.devices)  # stays empty: devices keep their ledgers (module docstring)
+    server, book, _ = build_server(sc, ledger, events, settings or LiveSettings())
+    await server.start(host, port)
+    try:
+        await server.run()
+        await server.wait_for_clients_to_leave()
+    finally:
+        await server.close()
+    return live_result(sc, server, book, ledger, time.perf_counter() - t0)
+
+
+async def devices(sc: Scenario, host: str, port: int, index: int, count: int, connections: int = 1) -> Ledger:
+    """Device clients for shard ``index`` of ``count``, over ``connections`` connections; returns their ledger."""
+    ledger = Ledger(sc.devices)
+    ids = shard(sc.devices, index, count)
+    parts = [ids[len(ids) * k // connections:len(ids) * (k + 1) // connections] for k in range(connections)]
+    clients = [build_client(sc, part, ledger, host, port) for part in parts if part.size]
+    await asyncio.gather(*(c.run() for c in clients))
+    return ledger
