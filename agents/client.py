@@ -24,10 +24,12 @@ from protocols.messages import CollectionRequest, Decision, End, Hello, ReportBa
 class DeviceClient:
     def __init__(self, params: Any, seed: int, device_ids: np.ndarray, cohort_size: int, world: World,
                  ledger: Ledger, deadline: float, latency: float, host: str, port: int,
-                 backoff: tuple[float, float] = (0.05, 2.0), max_frame: int = wire.MAX_MESSAGE_BYTES) -> None:
+                 backoff: tuple[float, float] = (0.05, 2.0), max_frame: int = wire.MAX_MESSAGE_BYTES,
+                 give_up_after: float = 60.0) -> None:
         self.params, self.world, self.ledger = params, world, ledger
         self.deadline, self.latency = float(deadline), float(latency)
         self.host, self.port, self.backoff, self.max_frame = host, int(port), backoff, max_frame
+        self.give_up_after = give_up_after  # seconds of failed connection attempts before the client stops
         ids = np.asarray(device_ids, dtype=np.int64)
         self.ids = ids
         self.cohorts = [params.make_devices(seed, ids[i:i + cohort_size]) for i in range(0, ids.size, cohort_size)]
@@ -65,13 +67,19 @@ class DeviceClient:
 
     async def run(self) -> None:
         delay = self.backoff[0]
+        failing_since: float | None = None
+        loop = asyncio.get_running_loop()
         while not self.done:
             try:
                 reader, writer = await asyncio.open_connection(self.host, self.port)
             except OSError:
+                failing_since = failing_since if failing_since is not None else loop.time()
+                if loop.time() - failing_since > self.give_up_after:
+                    raise ConnectionError(f"no collector at {self.host}:{self.port} for {self.give_up_after:g} s")
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.backoff[1])
                 continue
+            failing_since = None
             self.connections += 1
             delay = self.backoff[0]
             self.writer = writer

@@ -54,7 +54,9 @@ class LiveCollector:
         self.stats = CollectorStats()
         self.dropped = 0  # connections dropped for misbehaving
         self.connections: set[Connection] = set()
-        self.registered = np.zeros(self.n_devices, dtype=bool)
+        self.registered = np.zeros(self.n_devices, dtype=bool)  # ever said hello
+        self.connected = np.zeros(self.n_devices, dtype=bool)  # on an open connection now
+        self.finished = False
         self._stage_open = False
         self._acked = asyncio.Event()
         self._registered = asyncio.Event()
@@ -94,6 +96,7 @@ class LiveCollector:
                 self.stats.reasons["dropped"] = self.stats.reasons.get("dropped", 0) + 1
                 self.log.warning("connection_dropped", reason=reason[:200])
             self.connections.discard(conn)
+            self.connected[conn.devices] = False
             writer.close()
             self._check_acks()
 
@@ -106,7 +109,10 @@ class LiveCollector:
                 raise wire.WireError(f"hello names device {int(ids[-1])} outside the population")
             conn.devices = ids
             self.registered[ids] = True
+            self.connected[ids] = True
             self.stats.accepted += 1
+            if self.finished:  # a client back after the run ended: tell it so
+                conn.writer.write(frame(wire.encode(End(round=self.rounds, protocol=self.protocol.name))))
             if self.registered.all():
                 self._registered.set()
             return
@@ -133,7 +139,10 @@ class LiveCollector:
                 self.log.warning("message_rejected", kind="protocol", reason=str(exc)[:200])
 
     def _check_acks(self) -> None:
-        if self._stage_open and all(c.acked for c in self.connections if c.devices.size):
+        """A stage is complete when every registered device is connected and every connection acknowledged:
+        a client that dropped is waited for (up to the stage timeout) rather than forgotten."""
+        if (self._stage_open and self.connected[self.registered].all()
+                and all(c.acked for c in self.connections if c.devices.size)):
             self._acked.set()
 
     async def _broadcast(self, msg: Message) -> None:
@@ -150,12 +159,14 @@ class LiveCollector:
                 self.connections.discard(conn)
 
     # ------------------------------------------------------------------------------------------ rounds
-    async def run(self) -> None:
+    async def run(self, first_round: int = 1, last_round: int | None = None, end: bool = True) -> None:
+        """Run rounds ``first_round``..``last_round`` (default: all), then tell the clients the run is over
+        (``end``). A collector that restarts runs the remaining rounds in a new instance."""
         try:
             await asyncio.wait_for(self._registered.wait(), self.settings.startup_timeout)
         except asyncio.TimeoutError:
             self.log.warning("startup_incomplete", registered=int(self.registered.sum()), devices=self.n_devices)
-        for t in range(1, self.rounds + 1):
+        for t in range(first_round, (last_round or self.rounds) + 1):
             self.current_round, self._logged = t, 0
             if self.on_round_start is not None:
                 self.on_round_start(t)
@@ -175,7 +186,9 @@ class LiveCollector:
             result = self.protocol.close_round()
             if self.on_round_closed is not None:
                 self.on_round_closed(t, result, closed_at)
-        await self._broadcast(End(round=self.rounds, protocol=self.protocol.name))
+        if end:
+            self.finished = True
+            await self._broadcast(End(round=self.rounds, protocol=self.protocol.name))
 
     async def wait_for_clients_to_leave(self, timeout: float = 5.0) -> None:
         end = time.monotonic() + timeout
