@@ -21,11 +21,28 @@ from protocols.ledger import Ledger
 from protocols.messages import CollectionRequest, Decision, End, Hello, ReportBatch, Threshold
 
 
+class DeviceDays:
+    """The devices' days in one process: the world advances one day at a time and every hosted cohort
+    observes each day, whether or not its connection is up (devices watch their own counters offline too).
+    Clients of a process share it, and with it one world model of the whole population."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.clients: list["DeviceClient"] = []
+
+    def advance(self, day: int) -> None:
+        while self.world.day < day:
+            d = self.world.day + 1
+            self.world.advance_to(d)
+            for client in self.clients:
+                client.observe(d)
+
+
 class DeviceClient:
     def __init__(self, params: Any, seed: int, device_ids: np.ndarray, cohort_size: int, world: World,
                  ledger: Ledger, deadline: float, latency: float, host: str, port: int,
                  backoff: tuple[float, float] = (0.05, 2.0), max_frame: int = wire.MAX_MESSAGE_BYTES,
-                 give_up_after: float = 60.0) -> None:
+                 give_up_after: float = 60.0, days: "DeviceDays | None" = None) -> None:
         self.params, self.world, self.ledger = params, world, ledger
         self.deadline, self.latency = float(deadline), float(latency)
         self.host, self.port, self.backoff, self.max_frame = host, int(port), backoff, max_frame
@@ -34,20 +51,27 @@ class DeviceClient:
         self.ids = ids
         self.cohorts = [params.make_devices(seed, ids[i:i + cohort_size]) for i in range(0, ids.size, cohort_size)]
         self.epoch_length = int(getattr(params, "epoch_length", 1))
+        # clients sharing a world share its days (else the first to advance it would leave the others behind)
+        self.days = days or getattr(world, "device_days", None) or DeviceDays(world)
+        world.device_days = self.days
+        self.days.clients.append(self)
         self.day = 0
         self.done = False
         self.connections = 0  # how many times it connected (reconnects = connections - 1)
         self.writer: asyncio.StreamWriter | None = None
 
     def _advance(self, day: int) -> None:
-        """Bring the devices' days up to ``day`` (observing each one, for protocols that keep epoch state)."""
-        while self.day < day:
-            self.day += 1
-            self.world.advance_to(self.day)
-            for cohort in self.cohorts:
-                if hasattr(cohort, "observe"):
-                    ids = cohort.device_ids.astype(np.int64)
-                    cohort.observe(self.day, self.world.values(ids)[0], self.world.present(ids))
+        """Bring the devices' days up to ``day``: the process's days advance (every hosted cohort observes each
+        day, connected or not)."""
+        self.days.advance(day)
+
+    def observe(self, day: int) -> None:
+        """This client's cohorts look at their counters for ``day`` (called by DeviceDays, once a day)."""
+        self.day = day
+        for cohort in self.cohorts:
+            if hasattr(cohort, "observe"):
+                ids = cohort.device_ids.astype(np.int64)
+                cohort.observe(day, self.world.values(ids)[0], self.world.present(ids))
 
     def answer(self, msg: CollectionRequest | Decision | Threshold) -> list[bytes]:
         """The frames to send for one collector message: each cohort's batch, then the acknowledgement."""

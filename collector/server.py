@@ -56,6 +56,7 @@ class LiveCollector:
         self.connections: set[Connection] = set()
         self.registered = np.zeros(self.n_devices, dtype=bool)  # ever said hello
         self.connected = np.zeros(self.n_devices, dtype=bool)  # on an open connection now
+        self._missing = 0  # registered devices not connected now (kept as a count: checked on every ack)
         self.finished = False
         self._stage_open = False
         self._acked = asyncio.Event()
@@ -67,7 +68,8 @@ class LiveCollector:
 
     # ------------------------------------------------------------------------------------------ transport
     async def start(self, host: str, port: int) -> int:
-        self.server = await asyncio.start_server(self._handle, host, port)
+        # a deep backlog: a thousand clients connecting at once overflowed the default 100 (1 s TCP retries)
+        self.server = await asyncio.start_server(self._handle, host, port, backlog=4096)
         return self.server.sockets[0].getsockname()[1]
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -96,6 +98,7 @@ class LiveCollector:
                 self.stats.reasons["dropped"] = self.stats.reasons.get("dropped", 0) + 1
                 self.log.warning("connection_dropped", reason=reason[:200])
             self.connections.discard(conn)
+            self._missing += int(np.count_nonzero(self.connected[conn.devices]))
             self.connected[conn.devices] = False
             writer.close()
             self._check_acks()
@@ -108,6 +111,7 @@ class LiveCollector:
             if ids.size and int(ids[-1]) >= self.n_devices:
                 raise wire.WireError(f"hello names device {int(ids[-1])} outside the population")
             conn.devices = ids
+            self._missing -= int(np.count_nonzero(self.registered[ids] & ~self.connected[ids]))
             self.registered[ids] = True
             self.connected[ids] = True
             self.stats.accepted += 1
@@ -141,7 +145,7 @@ class LiveCollector:
     def _check_acks(self) -> None:
         """A stage is complete when every registered device is connected and every connection acknowledged:
         a client that dropped is waited for (up to the stage timeout) rather than forgotten."""
-        if (self._stage_open and self.connected[self.registered].all()
+        if (self._stage_open and self._missing == 0
                 and all(c.acked for c in self.connections if c.devices.size)):
             self._acked.set()
 

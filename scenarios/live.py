@@ -18,7 +18,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from agents.client import DeviceClient
+from agents.client import DeviceClient, DeviceDays
 from agents.world import World
 from collector.network import Traffic
 from collector.server import LiveCollector, LiveSettings
@@ -66,10 +66,17 @@ def build_server(sc: Scenario, ledger: Ledger, events: TextIO | None, settings: 
     return server, book, clock
 
 
-def build_client(sc: Scenario, device_ids: np.ndarray, ledger: Ledger, host: str, port: int) -> DeviceClient:
-    world = World(sc.seed, sc.devices, sc.groups, sc.changes, sc.protocol.max_value)
-    return DeviceClient(sc.protocol, sc.seed, device_ids, sc.simulation.cohort_size, world, ledger,
-                        sc.network.deadline, sc.network.latency, host, port)
+def build_client(sc: Scenario, device_ids: np.ndarray, ledger: Ledger, host: str, port: int,
+                 days: DeviceDays | None = None) -> DeviceClient:
+    """A device client; clients of one process share ``days`` (and its world model of the whole population:
+    one per client would cost memory that grows with connections x devices)."""
+    days = days or process_days(sc)
+    return DeviceClient(sc.protocol, sc.seed, device_ids, sc.simulation.cohort_size, days.world, ledger,
+                        sc.network.deadline, sc.network.latency, host, port, days=days)
+
+
+def process_days(sc: Scenario) -> DeviceDays:
+    return DeviceDays(World(sc.seed, sc.devices, sc.groups, sc.changes, sc.protocol.max_value))
 
 
 def shard(n: int, index: int, count: int) -> np.ndarray:
@@ -84,7 +91,9 @@ async def run_embedded(sc: Scenario, connections: int = 2, events: TextIO | None
     ledger = Ledger(sc.devices)
     server, book, _ = build_server(sc, ledger, events, settings or LiveSettings())
     port = await server.start(host, 0)
-    clients = [build_client(sc, shard(sc.devices, i, connections), ledger, host, port) for i in range(connections)]
+    days = process_days(sc)
+    clients = [build_client(sc, shard(sc.devices, i, connections), ledger, host, port, days)
+               for i in range(connections)]
     tasks = [asyncio.create_task(c.run()) for c in clients]
     try:
         await server.run()
@@ -130,6 +139,7 @@ async def devices(sc: Scenario, host: str, port: int, index: int, count: int, co
     ledger = Ledger(sc.devices)
     ids = shard(sc.devices, index, count)
     parts = [ids[len(ids) * k // connections:len(ids) * (k + 1) // connections] for k in range(connections)]
-    clients = [build_client(sc, part, ledger, host, port) for part in parts if part.size]
+    days = process_days(sc)
+    clients = [build_client(sc, part, ledger, host, port, days) for part in parts if part.size]
     await asyncio.gather(*(c.run() for c in clients))
     return ledger
