@@ -149,3 +149,52 @@ async def test_collector_restart_between_rounds() -> None:
     for r, bits in rounds.items():
         np.testing.assert_array_equal(bits, sim[r])
     np.testing.assert_allclose(ledger.spend, sim_result.ledger.spend)
+
+
+@pytest.mark.asyncio
+async def test_one_device_per_connection() -> None:
+    """40 devices over 40 connections (one device each, cohorts of one) give the simulated digests."""
+    sc = schema.parse(_scenario("1bitrrpm", **{"population.devices": 40, "simulation.cohort_size": 1,
+                                               "network.loss": 0, "network.jitter": 0}).raw)
+    sim = output.summary(runner.run(sc))
+    got = output.summary(await live.run_embedded(sc, connections=40, settings=FAST))
+    assert got["digests"] == sim["digests"]
+
+
+def test_serve_and_device_shards_in_separate_processes(tmp_path) -> None:
+    """`ldpsim serve` and two `ldpsim devices --shard I/2` processes over 127.0.0.1: the server's run directory
+    has the simulated run's transcript and estimates digests, and the shards' ledgers add up to the
+    simulated ledger's spend."""
+    import csv
+    import json
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    sets = ["--set", "population.devices=600", "--set", "rounds=4", "--set", "network.loss=0"]
+    cmd = [sys.executable, "-m", "scenarios.cli"]
+    server = subprocess.Popen(cmd + ["serve", "quickstart", "--port", str(port), "--out", str(tmp_path / "srv")] + sets,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    shards = [subprocess.Popen(cmd + ["devices", "quickstart", "--connect", f"127.0.0.1:{port}", "--shard", f"{i}/2",
+                                      "--connections", "3", "--out", str(tmp_path / "dev")] + sets,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in (1, 2)]
+    try:
+        for p in [*shards, server]:
+            assert p.wait(timeout=60) == 0, p.stderr.read().decode()[-2000:]
+    finally:
+        for p in [*shards, server]:
+            p.kill()
+    got = json.loads((tmp_path / "srv" / "summary.json").read_text())
+    sc = schema.load("quickstart", ["population.devices=600", "rounds=4", "network.loss=0"])
+    sim_result = runner.run(sc)
+    sim = output.summary(sim_result)
+    assert got["digests"]["transcript"] == sim["digests"]["transcript"]
+    assert got["digests"]["estimates"] == sim["digests"]["estimates"]
+    spend = np.zeros(sc.devices)
+    for f in sorted((tmp_path / "dev").glob("ledger-shard-*.csv")):
+        for row in csv.DictReader(open(f)):
+            spend[int(row["device"])] += float(row["amount"])
+    np.testing.assert_allclose(spend, sim_result.ledger.spend)
