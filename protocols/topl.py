@@ -72,6 +72,7 @@ class ToplParams:
     devices: int
     method: str = "sw-w"  # "sw-w", "ems", or "oracle" (the true density, a reference baseline)
     bins: int = 1024
+    rethreshold_at: tuple[int, ...] = ()  # extra threshold rounds on demand (published, like the period)
 
     kind = "stream"
 
@@ -88,7 +89,9 @@ class ToplParams:
         return max(self.epsilon, self.threshold_epsilon)
 
     def threshold_round(self, r: int) -> bool:
-        return r == 1 or (self.rethreshold_every > 0 and (r - 1) % self.rethreshold_every == 0)
+        """Round 1, every ``rethreshold_every`` rounds after it, and the rounds in ``rethreshold_at``."""
+        return (r == 1 or (self.rethreshold_every > 0 and (r - 1) % self.rethreshold_every == 0)
+                or r in self.rethreshold_at)
 
     def make_devices(self, seed: int, device_ids: np.ndarray) -> "ToplDevices":
         return ToplDevices(self, seed, device_ids)

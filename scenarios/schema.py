@@ -188,6 +188,13 @@ def _thresh(pt: _Table, name: str, epsilon: float, ctx: dict) -> ThreshParams:
     return params
 
 
+def _holdout(pt: _Table, devices: int) -> float:
+    """``holdout``: a share of devices in (0, 1), or a number of devices (converted to a share)."""
+    hold = pt.get("holdout", float, check=lambda v: 0 < v < devices,
+                  what=f"a share in (0, 1) or a number of devices below {devices}")
+    return hold if hold < 1 else hold / devices
+
+
 def _protocol(pt: _Table, ctx: dict) -> ProtocolParams:
     """The [protocol] table: common keys, then each family's own."""
     name = pt.get("name", str, check=lambda v: v in PROTOCOLS, what=f"one of {list(PROTOCOLS)}")
@@ -198,9 +205,11 @@ def _protocol(pt: _Table, ctx: dict) -> ProtocolParams:
         return params
     if name == TOPL:
         max_value = pt.get("max_value", float, check=_positive, what="> 0")
-        hold = pt.get("holdout", float, check=lambda v: 0 < v < ctx["devices"],
-                      what=f"a share in (0, 1) or a number of devices below {ctx['devices']}")
-        share = hold if hold < 1 else hold / ctx["devices"]
+        share = _holdout(pt, ctx["devices"])
+        rounds = ctx["rounds"]
+        on_demand = pt.get("rethreshold_at", list, [], check=lambda v: all(
+            isinstance(r, int) and not isinstance(r, bool) and 1 <= r <= rounds for r in v),
+            what=f"an array of rounds in [1, {rounds}]")
         params = ToplParams(
             name, epsilon,
             pt.get("threshold_epsilon", float, epsilon, check=lambda v: 0 < v <= 50, what="a number in (0, 50]"),
@@ -208,18 +217,16 @@ def _protocol(pt: _Table, ctx: dict) -> ProtocolParams:
             pt.get("rethreshold_every", int, 0, check=lambda v: v >= 0, what="an integer >= 0 (0: never)"),
             ctx["rounds"], ctx["devices"],
             pt.get("method", str, "sw-w", check=lambda v: v in TOPL_METHODS, what=f"one of {list(TOPL_METHODS)}"),
-            pt.get("bins", int, 1024, check=lambda v: 16 <= v <= 4096, what="an integer in [16, 4096]"))
+            pt.get("bins", int, 1024, check=lambda v: 16 <= v <= 4096, what="an integer in [16, 4096]"),
+            tuple(sorted(set(on_demand))))
         pt.done()
         return params
     if name == TOPS:
         max_value = pt.get("max_value", float, check=_positive, what="> 0")
-        hold = pt.get("holdout", float, check=lambda v: 0 < v < ctx["devices"],
-                      what=f"a share in (0, 1) or a number of devices below {ctx['devices']}")
         params = TopsParams(name, epsilon,
                             pt.get("threshold_epsilon", float, epsilon, check=lambda v: 0 < v <= 50,
                                    what="a number in (0, 50]"),
-                            max_value, hold if hold < 1 else hold / ctx["devices"], ctx["rounds"], ctx["devices"],
-                            ctx["seed"])
+                            max_value, _holdout(pt, ctx["devices"]), ctx["rounds"], ctx["devices"], ctx["seed"])
         pt.done()
         return params
     if name == EPOCHRR:

@@ -140,3 +140,16 @@ def test_topl_on_pos_beats_the_zero_baseline_end_to_end() -> None:
     assert s["range_mse"] < 0.25 * s["range_mse_zero_baseline"]  # measured: 0.11
     assert s["epsilon"]["max"] == pytest.approx(20 * 1.0)
     assert s["reports"]["accepted"] == sum(r.reports + r.info["holdout_reports"] for r in result.rounds)
+
+
+def test_rethreshold_on_demand_and_a_fresh_holdout_each_time() -> None:
+    """rethreshold_at adds threshold rounds to the periodic ones; each draws a fresh keyed holdout."""
+    sc = schema.load("topl_pos", ["population.devices=5000", "rounds=12", "protocol.rethreshold_every=0",
+                                  "protocol.rethreshold_at=[5, 9]", "simulation.cohort_size=5000"])
+    s = output.summary(runner.run(sc))
+    assert [t["round"] for t in s["threshold"]] == [1, 5, 9]
+    dev = ToplDevices(sc.protocol, sc.seed, np.arange(5000))
+    h1, h5 = dev.in_holdout(1), dev.in_holdout(5)
+    assert 0 < np.mean(h1 & h5) < 0.5 * np.mean(h1)  # different devices each time (about 5% of 5%)
+    with pytest.raises(schema.ScenarioError, match="protocol.rethreshold_at"):
+        schema.load("topl_pos", ["rounds=12", "protocol.rethreshold_at=[20]"])
