@@ -16,6 +16,7 @@ import numpy as np
 from protocols import keyed
 from protocols.base import check_params
 from protocols.collecting import Column, ReportCollector
+from protocols.epochs import EpochMeans
 from protocols.keyed import Purpose, stream_key
 from protocols.ledger import FRESH_REPORT, Charge
 from protocols.messages import CollectionRequest, ReportBatch
@@ -63,34 +64,14 @@ class EpochRRParams:
         return math.sqrt(mean_variance(values, self.epoch_epsilon, 1.0) * values.size / reports)
 
 
-class EpochRRDevices:
+class EpochRRDevices(EpochMeans):
     """Epoch sums of the private bits (as THRESH's devices keep them) and one fresh report per epoch."""
 
     def __init__(self, params: EpochRRParams, seed: int, device_ids: np.ndarray) -> None:
         self.params, self.seed = params, int(seed)
         self.device_ids = np.ascontiguousarray(device_ids, dtype=np.uint64)
-        n = self.device_ids.size
-        self._sum = np.zeros(n)
-        self._count = np.zeros(n, dtype=np.int64)
-        self.current = np.zeros(n)
-        self.valid = np.zeros(n, dtype=bool)
-        self.complete_epoch = 0
+        self.init_epochs(self.device_ids.size, params.epoch_length)
         self.last_epoch = 0
-        self._day = 0
-
-    def observe(self, day: int, values: np.ndarray, present: np.ndarray | None = None) -> None:
-        if day != self._day + 1:
-            raise ValueError(f"days are observed in order: expected {self._day + 1}, got {day}")
-        self._day = day
-        mask = np.ones(self.device_ids.size, bool) if present is None else present
-        self._sum += np.where(mask, np.asarray(values) > 0.5, 0)
-        self._count += mask
-        if day % self.params.epoch_length == 0:
-            self.valid = self._count == self.params.epoch_length
-            self.current = self._sum / self.params.epoch_length
-            self._sum[:] = 0
-            self._count[:] = 0
-            self.complete_epoch = day // self.params.epoch_length
 
     def respond(self, request: CollectionRequest, day: int, values: np.ndarray, now: float,
                 present: np.ndarray | None = None) -> tuple[ReportBatch | None, list[Charge]]:

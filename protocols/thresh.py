@@ -37,6 +37,7 @@ import numpy as np
 from protocols import keyed
 from protocols.base import ProtocolError, RoundResult, check_params
 from protocols.collecting import Column, ReportCollector
+from protocols.epochs import EpochMeans
 from protocols.keyed import Purpose, stream_key
 from protocols.ledger import Charge
 from protocols.messages import CollectionRequest, Decision, ReportBatch
@@ -203,14 +204,7 @@ def _vote_kernel(diff, taus, levels, t, cap_ok, out_yes):
         out_yes[i] = cap_ok[i] and jstar >= 0 and t % (1 << (levels - jstar)) == 0
 
 
-@nb.njit(cache=True)
-def _add_bits(acc, values):
-    for i in range(values.shape[0]):
-        if values[i] > 0.5:
-            acc[i] += 1
-
-
-class ThreshDevices:
+class ThreshDevices(EpochMeans):
     """Device side for a cohort: epoch sums of private bits, the reference mean of the last update, and the
     caps c_V and c_E. Refuses repeats, other epochs and incomplete epochs, whatever the collector sends."""
 
@@ -221,34 +215,9 @@ class ThreshDevices:
         self.cV = np.zeros(n)
         self.cE = np.zeros(n)
         self.reference = np.full(n, -1.0)  # p_i^{f(t)}; -1 before any global update
-        self.current = np.zeros(n)  # p_i^t of the last complete epoch
-        self._sum = np.zeros(n, dtype=np.int64)
-        self._count = np.zeros(n, dtype=np.int64)  # days observed in the current epoch
-        self.valid = np.zeros(n, dtype=np.bool_)  # observed the whole last complete epoch
-        self._day = 0
-        self.complete_epoch = 0  # last epoch whose l days were all observed
+        self.init_epochs(n, params.epoch_length)
         self.voted_epoch = 0
         self.estimated_epoch = 0
-
-    def observe(self, day: int, values: np.ndarray, present: np.ndarray | None = None) -> None:
-        """Record the day's private bits of the devices ``present`` (days in order, each once). A device
-        votes and estimates for an epoch only if it observed every day of it (late joiners wait)."""
-        if day != self._day + 1:
-            raise ValueError(f"days are observed in order: expected {self._day + 1}, got {day}")
-        self._day = day
-        bits = np.ascontiguousarray(values, dtype=np.float64)
-        if present is not None:
-            bits = np.where(present, bits, 0.0)
-            self._count += present
-        else:
-            self._count += 1
-        _add_bits(self._sum, bits)
-        if day % self.params.epoch_length == 0:
-            self.valid = self._count == self.params.epoch_length
-            self.current = np.where(self.valid, self._sum / self.params.epoch_length, self.current)
-            self._sum[:] = 0
-            self._count[:] = 0
-            self.complete_epoch = day // self.params.epoch_length
 
     def _spendable(self, spent: np.ndarray, step: float) -> np.ndarray:
         cap = self.params.cap

@@ -1,0 +1,51 @@
+"""Per-device epoch means of daily private bits, kept on the device (Joseph et al. 2018, Algorithm 2, line 1).
+
+Shared by THRESH's device side and its naive per-epoch baseline: each day a device adds its bit to its
+epoch sum; at the epoch's last day the mean p_i^t is fixed. A device that was absent on any day of the epoch
+(it joined late or left) has no valid mean for it and sits that epoch out.
+"""
+
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+
+@nb.njit(cache=True)
+def _add_bits(acc, values):
+    for i in range(values.shape[0]):
+        if values[i] > 0.5:
+            acc[i] += 1
+
+
+class EpochMeans:
+    """Mixin: ``observe`` days in order; after each epoch ``current`` holds the means, ``valid`` who has one,
+    ``complete_epoch`` the epoch they belong to."""
+
+    def init_epochs(self, n: int, epoch_length: int) -> None:
+        self.epoch_length = int(epoch_length)
+        self.current = np.zeros(n)  # p_i^t of the last complete epoch
+        self.valid = np.zeros(n, dtype=np.bool_)  # observed every day of that epoch
+        self.complete_epoch = 0
+        self._sum = np.zeros(n, dtype=np.int64)
+        self._count = np.zeros(n, dtype=np.int64)  # days observed in the current epoch
+        self._day = 0
+
+    def observe(self, day: int, values: np.ndarray, present: np.ndarray | None = None) -> None:
+        """Record the day's private bits of the devices ``present`` (days in order, each once)."""
+        if day != self._day + 1:
+            raise ValueError(f"days are observed in order: expected {self._day + 1}, got {day}")
+        self._day = day
+        bits = np.ascontiguousarray(values, dtype=np.float64)
+        if present is not None:
+            bits = np.where(present, bits, 0.0)
+            self._count += present
+        else:
+            self._count += 1
+        _add_bits(self._sum, bits)
+        if day % self.epoch_length == 0:
+            self.valid = self._count == self.epoch_length
+            self.current = np.where(self.valid, self._sum / self.epoch_length, self.current)
+            self._sum[:] = 0
+            self._count[:] = 0
+            self.complete_epoch = day // self.epoch_length
