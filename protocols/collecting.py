@@ -10,12 +10,18 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import numpy as np
 
 from protocols.base import ProtocolError, RoundResult
 from protocols.messages import CollectionRequest, ReportBatch
 
+SPILL_BYTES = 256 << 20  # in-memory transcript beyond which round records go to ``spill_to``
+#: Where round records go once a collector's transcript passes SPILL_BYTES: a callable taking a (devices, bytes)
+#: record and returning an object with ``shape`` and ``rows(lo, hi)``. The runtime installs one (e.g.
+#: collector.spill.TempFileSpill); None keeps everything in memory. protocols/ itself does no I/O.
+spill_to: "Callable[[np.ndarray], Any] | None" = None
 DIGEST_BLOCK = 1 << 16  # devices hashed at a time (bounded memory for the device-major transcript); a multiple of 8
 
 
@@ -59,6 +65,7 @@ class ReportCollector:
         self.transcript: list[tuple[int, np.ndarray]] = []  # (round, uint8 record per device)
         self._names = {c.name for c in self.columns}
         self._bits_only = all(np.dtype(c.dtype) == np.uint8 and c.high == 1 for c in self.columns)
+        self._kept_bytes = 0
 
     # -------------------------------------------------------------------------------- protocol
     def validate(self, columns: dict[str, np.ndarray]) -> None:
@@ -118,6 +125,9 @@ class ReportCollector:
                                    .reshape(self.n_devices, -1) for v in self._data.values()], axis=1)
         if self._bits_only:  # every byte is 0 or 1: pack across devices (16x less memory for 1-bit reports)
             record = np.packbits(record, axis=0)
+        elif spill_to is not None and self._kept_bytes + record.nbytes > SPILL_BYTES:
+            record = spill_to(record)
+        self._kept_bytes += record.nbytes if isinstance(record, np.ndarray) else 0
         self.transcript.append((self.round, record))
         self._present, self._data = None, {}
         return RoundResult(round=self.round, estimate=est, reports=count)
@@ -140,8 +150,10 @@ class ReportCollector:
             h.update(np.ascontiguousarray(np.stack(rows, axis=1)).data)
         return h.hexdigest()
 
-    def _rows(self, record: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    def _rows(self, record: Any, lo: int, hi: int) -> np.ndarray:
         """Devices lo..hi-1 of a stored round record, unpacked (lo a multiple of 8 when packed)."""
+        if not isinstance(record, np.ndarray):  # spilled by the runtime
+            return record.rows(lo, hi)
         if not self._bits_only:
             return record[lo:hi]
         return np.unpackbits(record[lo // 8:(hi + 7) // 8], axis=0, count=hi - lo)
@@ -169,7 +181,7 @@ class ReportCollector:
         out = []
         for rnd, rec in self.transcript:
             row = self._rows(rec, device - device % 8, device - device % 8 + 8)[device % 8] if self._bits_only \
-                else rec[device]
+                else self._rows(rec, device, device + 1)[0]
             if not row[0]:
                 out.append((rnd, None))
                 continue

@@ -20,6 +20,7 @@ import numpy as np
 
 from agents.client import DeviceClient, DeviceDays
 from agents.world import World
+from collector import spill
 from collector.network import Traffic
 from collector.server import LiveCollector, LiveSettings
 from protocols.ledger import Ledger
@@ -41,6 +42,7 @@ class _Network:
 
 def build_server(sc: Scenario, ledger: Ledger, events: TextIO | None, settings: LiveSettings
                  ) -> tuple[LiveCollector, RoundBook, NominalClock]:
+    spill.install()
     clock = NominalClock()
     log = _event_logger(events, clock).bind(run=sc.name, seed=sc.seed, runtime="live")
     protocol = sc.protocol.make_collector(sc.devices)

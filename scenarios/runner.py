@@ -19,6 +19,7 @@ import structlog
 
 from agents.cohort import CohortAgent
 from agents.world import World
+from collector import spill
 from collector.network import Network
 from collector.process import CollectorProcess
 from protocols.ledger import Ledger
@@ -90,6 +91,7 @@ def run(scenario: Scenario, events: TextIO | None = None,
     """Run ``scenario``; JSON-lines events go to ``events``; ``progress(done, total)`` after each round."""
     t0 = time.perf_counter()
     sc = scenario
+    spill.install()  # large non-bit transcripts go to a temporary directory, not RAM
     env = simpy.Environment()
     log = _event_logger(events, env).bind(run=sc.name, seed=sc.seed)
     world = World(sc.seed, sc.devices, sc.groups, sc.changes, sc.protocol.max_value)

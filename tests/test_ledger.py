@@ -68,3 +68,27 @@ def test_negative_or_nan_amounts_are_refused() -> None:
     for amount in (-0.1, float("nan")):
         with pytest.raises(ValueError):
             Charge(1, 0.0, MEMO_REVEAL, amount, np.array([0]))
+
+
+def test_spilled_transcripts_give_the_same_digest(monkeypatch) -> None:
+    """With a tiny spill threshold every round record of a float-report protocol goes to the temporary
+    directory; digests and per-device reads are unchanged."""
+    from collector import spill
+    from protocols import collecting
+    from scenarios import output, runner, schema
+
+    sc = schema.load("topl_pos", ["population.devices=3000", "rounds=6", "protocol.rethreshold_every=3",
+                                  "simulation.cohort_size=1000"])
+    monkeypatch.setattr(collecting, "spill_to", None)
+    kept = runner.run(sc)
+    base = output.summary(kept)["digests"]
+    monkeypatch.setattr(collecting, "SPILL_BYTES", 0)
+    monkeypatch.setattr(collecting, "spill_to", spill.TempFileSpill())
+    spilled = runner.run(sc)
+    assert any(isinstance(r, spill.SpilledRecord) for _, r in spilled.collector.protocol.reports.transcript)
+    assert output.summary(spilled)["digests"] == base
+    for device in (0, 1234, 2999):
+        a = spilled.collector.protocol.reports.device_reports(device)
+        b = kept.collector.protocol.reports.device_reports(device)
+        assert [(r, None if v is None else {k: x.tolist() for k, x in v.items()}) for r, v in a] == \
+               [(r, None if v is None else {k: x.tolist() for k, x in v.items()}) for r, v in b]
