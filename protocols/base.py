@@ -28,6 +28,16 @@ def check_params(epsilon: float, max_value: float, gamma: float = 0.0) -> None:
         raise ValueError(f"protocol.gamma must be in [0, 0.5), got {gamma}")
 
 
+def accepts(device: object, request: CollectionRequest, day: int) -> bool:
+    """The device-side rule every one-report-a-round protocol enforces, whatever the collector asks: answer
+    only a request for this protocol and for the current day, and never the same round twice. Records the
+    round as answered when it accepts."""
+    if request.protocol != device.params.name or request.round != day or request.round <= device.last_round:
+        return False
+    device.last_round = request.round
+    return True
+
+
 class ProtocolError(ValueError):
     """A well-formed message the protocol must reject (wrong round, unknown device, bad column...)."""
 

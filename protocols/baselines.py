@@ -15,7 +15,7 @@ import numba as nb
 import numpy as np
 
 from protocols import keyed
-from protocols.base import check_params
+from protocols.base import accepts, check_params
 from protocols.collecting import Column, ReportCollector
 from protocols.dbitflip import bucket_of, histogram
 from protocols.keyed import Purpose, stream_key
@@ -48,10 +48,9 @@ class FreshDevices:
     def respond(self, request: CollectionRequest, day: int, values: np.ndarray, now: float,
                 present: np.ndarray | None = None) -> tuple[ReportBatch | None, list[Charge]]:
         p = self.params
-        if request.protocol != p.name or request.round != day or request.round <= self.last_round:
-            return None, []
         self.check_values(values)
-        self.last_round = request.round
+        if not accepts(self, request, day):
+            return None, []
         columns = self.report(request.round, values)
         ids = self.device_ids
         if present is not None:

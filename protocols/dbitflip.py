@@ -26,11 +26,11 @@ import numba as nb
 import numpy as np
 
 from protocols import keyed
-from protocols.base import ProtocolError, check_params
+from protocols.base import ProtocolError, accepts, check_params
 from protocols.collecting import Column, ReportCollector
 from protocols.keyed import Purpose, stream_key
-from protocols.ledger import FRESH_REPORT, MEMO_REVEAL, ROUND_GUARANTEE, Charge
-from protocols.memo import RevealSet
+from protocols.ledger import Charge
+from protocols.memo import RevealSet, report_charges
 from protocols.messages import CollectionRequest, ReportBatch
 from protocols.onebit import epsilon_prime
 from protocols.wire import bits as wire_bits
@@ -204,21 +204,15 @@ class DBitFlipDevices:
     def respond(self, request: CollectionRequest, day: int, values: np.ndarray, now: float,
                 present: np.ndarray | None = None) -> tuple[ReportBatch | None, list[Charge]]:
         p = self.params
-        if request.protocol != p.name or request.round != day or request.round <= self.last_round:
-            return None, []
         if values.shape != self.device_ids.shape:
             raise ValueError("one value per device is required")
-        self.last_round = request.round
+        if not accepts(self, request, day):
+            return None, []
         bits, inputs = self.report_bits(request.round, values)
         rows = np.arange(self.device_ids.size) if present is None else np.flatnonzero(present)
         ids, bits, J = self.device_ids[rows], bits[rows], self.J[rows]
-        if p.memoized:
-            new = self.reveals.insert(rows, inputs[rows])
-            charges = [Charge(request.round, now, MEMO_REVEAL, p.epsilon, ids[new])]
-            if p.gamma > 0:
-                charges.append(Charge(request.round, now, ROUND_GUARANTEE, p.round_epsilon, ids, cumulative=False))
-        else:
-            charges = [Charge(request.round, now, FRESH_REPORT, p.round_epsilon, ids)]
+        new = self.reveals.insert(rows, inputs[rows]) if p.memoized else None
+        charges = report_charges(p, request.round, now, ids, new)
         columns = {"b": wire_bits(bits)}
         if p.bits < p.buckets:
             columns["j"] = J.astype(p.bucket_dtype)

@@ -12,6 +12,8 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
+from protocols.ledger import FRESH_REPORT, MEMO_REVEAL, ROUND_GUARANTEE, Charge
+
 
 def alpha_round(x: np.ndarray, alpha: np.ndarray, s: float) -> np.ndarray:
     """Alpha-point rounding to the grid {0, s, 2s, ...}: ``L = floor(x/s) s``; ``L`` if ``x + alpha < L + s``.
@@ -112,3 +114,15 @@ class RevealSet:
             return np.bitwise_count(table).sum(axis=1).astype(np.int64)
         keys = self._table[self._table != 0] - np.uint64(1)
         return np.bincount((keys // np.uint64(self.width)).astype(np.int64), minlength=self.size)
+
+
+def report_charges(params: object, round_: int, now: float, ids: np.ndarray, new: np.ndarray | None) -> list[Charge]:
+    """The ledger charges of one round's reports. Memoized: eps for each device revealing a memoized response
+    for the first time (``new``), plus the per-report guarantee under output perturbation (not cumulative).
+    Fresh: the per-report loss ``params.round_epsilon`` for every device."""
+    if not params.memoized:
+        return [Charge(round_, now, FRESH_REPORT, params.round_epsilon, ids)]
+    charges = [Charge(round_, now, MEMO_REVEAL, params.epsilon, ids[new])]
+    if params.gamma > 0:
+        charges.append(Charge(round_, now, ROUND_GUARANTEE, params.round_epsilon, ids, cumulative=False))
+    return charges
