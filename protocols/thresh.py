@@ -1,61 +1,72 @@
 """THRESH (Joseph, Roth, Ullman, Waggoner, NeurIPS 2018, Algorithms 1-3): devices vote on whether the
 population mean changed; the collector runs a global update only when enough vote; per-device caps bound
-the privacy spent whatever the collector does. ALGORITHMS.md section 3.
+the privacy spent whatever the collector does. docs/thresh_accounting.md explains the accounting.
 
 Each device receives a private bit per round; rounds form T epochs of l rounds. At the end of epoch t:
-1. VOTE (device): p_t = its epoch mean; j* = the largest j in {-1, 0, ..., floor(log2 T)} with
-   |p_t - p_f| > tau_j (p_f: its mean at the last global update, -1 before any); it votes yes iff
-   c_V < eps/4 and 2^(floor(log2 T) - j*) divides t; a yes adds a to c_V and sends Bernoulli(e^a/(e^a + 1)),
-   anything else sends Bernoulli(1/(e^a + 1)).
+1. VOTE (device): p_t = its epoch mean; j* = the largest j in {-1, 0, ..., L = floor(log2 T)} with
+   |p_t - p_f| > tau_j (p_f: its mean at the last global update it took part in, -1 before any); it votes
+   yes iff its vote cap is open (paper rule c_V < eps/4, strict rule c_V + a <= eps/4) and 2^(L - j*)
+   divides t; a yes adds a to c_V and sends Bernoulli(e^a/(e^a + 1)), anything else Bernoulli(1/(e^a + 1)).
 2. The collector updates iff the mean vote exceeds 1/(e^a + 1) + sqrt(ln(10 T/delta)/(2 n)) and broadcasts
    the decision.
-3. EST (device), on an update: if c_E < eps/4, add b and send Bernoulli((1 + p_t (e^b - 1))/(e^b + 1)); else,
-   and on every epoch without an update, a data-free Bernoulli(1/(e^b + 1)). The collector averages
-   (y (e^b + 1) - 1)/(e^b - 1), or carries the last estimate forward.
+3. EST (device), on an update: if its estimate cap is open, add b to c_E and send
+   Bernoulli((1 + p_t (e^b - 1))/(e^b + 1)); otherwise, and on every epoch without an update, the data-free
+   Bernoulli(1/(e^b + 1)). The collector averages (y (e^b + 1) - 1)/(e^b - 1), or carries the last estimate.
 
-Privacy (Theorem 4.1), exactly: a vote's distribution differs between two data sequences only in an epoch
-where one votes yes and the other does not (loss a), and each sequence has at most ceil(eps/(4a)) yes votes,
-in epochs of its own: 2a ceil(eps/(4a)). Whether an estimate is truthful depends only on c_E and the
-collector's decisions, which are the same for both sequences given the transcript so far, so both send
-truthful estimates in the same epochs, each costing at most b: b ceil(eps/(4b)). A device's transcript is
-therefore eps_total-LDP against any collector, adaptive or not, with
-eps_total = 2a ceil(eps/(4a)) + b ceil(eps/(4b)) <= 3 eps/4 + 2a + b: 3 eps/4 when eps/(4a) and eps/(4b) are
-integers (the paper's proof bounds it by eps), above eps when a and b are large and the caps do not divide
-evenly. ``cap_rule = "strict"`` (spend only while c + a <= eps/4) makes it <= 3 eps/4 always. The tests
-check this against an exact enumeration of transcripts.
+Privacy accounting (Theorem 4.1, made exact; docs/thresh_accounting.md). Fix the collector's decisions
+(enough against an adaptive collector too: a transcript's probability factors the same way). A device's
+state (c_V, c_E, p_f) is then a function of its data, and its messages are independent given the state.
+Two data sequences give different vote distributions only in epochs where one votes yes and the other no
+(log-ratio a each); whether an estimate is truthful depends only on c_E and the decisions, the same for
+both, and a truthful estimate costs at most b. So a "no" sent while the cap is open costs as much as a
+"yes". With K_V (K_E) the yes votes (truthful estimates) the cap rule allows, the ledger books one vote
+reserve 2a (K_V - f) (``THRESH_VOTE_RESERVE``) at the first epoch whose vote depends on the data (f: the
+yes votes cast before, all forced), nothing for later votes, and b per truthful estimate
+(``THRESH_ESTIMATE``). A vote depends on the data iff the device sends it, its cap is open, and some epoch
+means give yes and others no against its reference (-1, or an earlier mean;
+:meth:`ThreshDevices.vote_depends_on_data`). With tau_L < 1 every vote against -1 is a forced yes. A device
+takes the update of epoch t as its reference only if it voted in t and hears the decision. The exact worst
+case (:attr:`ThreshParams.total_epsilon`) is 2a K_V + b K_E when tau_L >= 1 and 2a (K_V - 1) + b K_E when
+tau_L < 1. ``Limits`` (protocols.guard): epochs past the horizon are refused; a device that cannot afford
+the reserve or an estimate within the budget sends the data-free message instead. Costs and spend depend
+on the decisions, the epochs and the device's presence, never on its bits, so that refusal is data-free.
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
 from dataclasses import dataclass, field
 
 import numba as nb
 import numpy as np
 
-from protocols import keyed
+from protocols import keyed, transcript
 from protocols.base import ProtocolError, RoundResult, check_params
 from protocols.collecting import Column, ReportCollector
 from protocols.epochs import EpochMeans
+from protocols.guard import Guarantee, Guard, Limits
 from protocols.keyed import Purpose, stream_key
 from protocols.ledger import Charge
 from protocols.messages import CollectionRequest, Decision, ReportBatch
 from protocols.wire import bits as wire_bits
 
 THRESH = "thresh"
-THRESH_VOTE = "thresh_vote"
-THRESH_ESTIMATE = "thresh_estimate"
-THRESH_DUMMY = "thresh_dummy"  # a data-free message, recorded at zero cost
+THRESH_VOTE_RESERVE = "thresh_vote_reserve"  # 2a (K_V - f), once, at a device's first data-dependent vote
+THRESH_ESTIMATE = "thresh_estimate"  # b per truthful estimate
+THRESH_DUMMY = "thresh_dummy"  # a data-free estimate, recorded at zero cost (not cumulative)
 
 
 def derived_constants(n: int, groups: int, smallest: int, epochs: int, epoch_length: int, epsilon: float,
                       delta: float) -> dict[str, float]:
-    """The paper's a, b and threshold scale from (n, M, L, T, l, eps, delta) (ALGORITHMS.md section 3; log base 2).
+    """The paper's a, b and threshold scale from (n, M, L, T, l, eps, delta) (Algorithm 1, lines 4-5; log base 2).
 
     a = 4 sqrt(2 n ln(12 M T/delta)) / (L - (3/sqrt 2) sqrt(n ln(12 M T/delta)))
-    b = sqrt(ln(12 T/delta)/n) / (floor(log T) sqrt(ln(12 n T/delta)/(2 l)) - sqrt(ln(12 T/delta)/(2 n)))
+    b = 2 sqrt(ln(12 T/delta)/(2 n)) / (floor(log T) sqrt(ln(12 n T/delta)/(2 l)) - sqrt(ln(12 T/delta)/(2 n)))
     tau_j = 2 (j + 1) sqrt(ln(12 n T/delta)/(2 l)), j = -1, ..., floor(log T)
+    b's numerator follows Algorithm 1, line 5: 2 sqrt(ln(12T/delta)/(2n)) = sqrt(2 ln(12T/delta)/n), sqrt 2
+    above the sqrt(ln(12T/delta)/n) used here before. It is what Theorem 4.3's proof needs: the randomized
+    response average deviates by coth(b/2) sqrt(ln(12T/delta)/(2n)) ~ (2/b) sqrt(ln(12T/delta)/(2n)), and
+    b sets that equal to the denominator. Either value is private: the caps bound the total at b K_E.
     Either denominator can be <= 0 for small populations: the constant is then reported as infinite.
     """
     lm = math.log(12 * groups * epochs / delta)
@@ -65,7 +76,7 @@ def derived_constants(n: int, groups: int, smallest: int, epochs: int, epoch_len
     unit = math.sqrt(math.log(12 * n * epochs / delta) / (2 * epoch_length))
     levels = int(math.floor(math.log2(epochs))) if epochs >= 1 else 0
     denom_b = levels * unit - math.sqrt(lt / (2 * n))
-    b = math.sqrt(lt / n) / denom_b if denom_b > 0 else math.inf
+    b = 2 * math.sqrt(lt / (2 * n)) / denom_b if denom_b > 0 else math.inf
     return {"a": a, "b": b, "tau_unit": unit, "levels": levels}
 
 
@@ -141,13 +152,74 @@ class ThreshParams:
     def cap(self) -> float:
         return self.epsilon / 4
 
-    @property
-    def guarantee(self) -> float:
-        """The exact LDP level of a device's whole transcript against any collector (module docstring)."""
-        a, b, cap = self.vote_noise, self.estimate_noise, self.cap
+    def spendable(self, spent: np.ndarray | float, step: float) -> np.ndarray | bool:
+        """Whether a cap with ``spent`` so far is open for another ``step`` (paper: c < eps/4; strict:
+        c + step <= eps/4)."""
         if self.cap_rule == "strict":
-            return 2 * a * math.floor(cap / a + 1e-12) + b * math.floor(cap / b + 1e-12)
-        return 2 * a * math.ceil(cap / a - 1e-12) + b * math.ceil(cap / b - 1e-12)
+            return spent + step <= self.cap + 1e-12
+        return spent < self.cap - 1e-12
+
+    def cap_count(self, step: float) -> int:
+        """K: how many increments of ``step`` the cap rule allows, counted with the devices' own arithmetic
+        (repeated float addition): K_V for a, K_E for b; ceil(eps/(4 step)) under the paper's rule, floor
+        under the strict one."""
+        if not step < math.inf:
+            return 1 if self.spendable(0.0, step) else 0
+        n = int(self.cap / step) + 3
+        spent = np.concatenate(([0.0], np.cumsum(np.full(n, step))))  # sequential sums, as the devices add
+        return int(np.argmin(self.spendable(spent, step)))
+
+    @property
+    def vote_cap_count(self) -> int:
+        return self.cap_count(self.vote_noise)
+
+    @property
+    def estimate_cap_count(self) -> int:
+        return self.cap_count(self.estimate_noise)
+
+    @property
+    def forced_first_vote(self) -> bool:
+        """tau_L < 1: against the reference -1 every epoch mean exceeds the top threshold, so a device's votes
+        before the first update it takes part in are yes whatever its data (2^0 divides every t)."""
+        return bool(self.taus[-1] < 1)
+
+    def guarantee(self, horizon: int | None = None) -> Guarantee:
+        """The shared per-run record (protocols.guard.Guarantee) of :attr:`total_epsilon`; it does not depend on
+        the horizon: the caps bound every device's ledger however many epochs the run has."""
+        return Guarantee(self.total_epsilon, self.guarantee_derivation,
+                         scope="eps-LDP of a device's whole transcript against any collector, adaptive or not "
+                               "(exact worst case: vote reserve + truthful estimates)")
+
+    @property
+    def total_epsilon(self) -> float:
+        """The LDP level of a device's whole transcript against any collector, adaptive or not (module
+        docstring): 2a K_V + b K_E when tau_L >= 1; 2a (K_V - 1) + b K_E when tau_L < 1, the first vote being
+        a forced yes. No ledger exceeds it. Exact (attained by some pair of data sequences and decisions; the
+        tests enumerate it for tau_L < 1 and 1 <= tau_L < 2) when the run has epochs enough for the votes
+        and estimates to differ wherever the caps allow; an upper bound otherwise (a short run, or tau_L >= 2,
+        where no odd epoch can carry a yes vote)."""
+        a, b = self.vote_noise, self.estimate_noise
+        kv = self.vote_cap_count - self._forced
+        return 2 * a * kv + b * self.estimate_cap_count
+
+    @property
+    def _forced(self) -> int:
+        return int(self.forced_first_vote and self.vote_cap_count >= 1)
+
+    @property
+    def guarantee_derivation(self) -> str:
+        """The guarantee's formula with this run's numbers, in one line."""
+        a, b, kv, ke = self.vote_noise, self.estimate_noise, self.vote_cap_count, self.estimate_cap_count
+        rule = "ceil" if self.cap_rule == "paper" else "floor"
+        total = 2 * a * (kv - self._forced) + b * ke
+        if self._forced:
+            head = f"2a(K_V - 1) + b K_E = 2 x {a:.6g} x {kv - 1} + {b:.6g} x {ke} = {total:.6g}"
+            why = f"tau_L = {self.taus[-1]:.4g} < 1: the first vote is a forced yes"
+        else:
+            head = f"2a K_V + b K_E = 2 x {a:.6g} x {kv} + {b:.6g} x {ke} = {total:.6g}"
+            why = (f"tau_L = {self.taus[-1]:.4g} >= 1: the first vote can depend on the data"
+                   if not self.forced_first_vote else "K_V = 0: no yes vote is ever allowed")
+        return f"{head} ({why}; K_V = {rule}(eps/4a) = {kv}, K_E = {rule}(eps/4b) = {ke})"
 
     @property
     def round_epsilon(self) -> float:
@@ -172,8 +244,8 @@ class ThreshParams:
                        f"far, so no device would ever vote (set protocol.tau_scale below {1 / self.taus[1]:.3g})")
         return out
 
-    def make_devices(self, seed: int, device_ids: np.ndarray) -> "ThreshDevices":
-        return ThreshDevices(self, seed, device_ids)
+    def make_devices(self, seed: int, device_ids: np.ndarray, limits: Limits | None = None) -> "ThreshDevices":
+        return ThreshDevices(self, seed, device_ids, limits)
 
     def make_collector(self, n_devices: int) -> "ThreshCollector":
         return ThreshCollector(self, n_devices)
@@ -205,26 +277,49 @@ def _vote_kernel(diff, taus, levels, t, cap_ok, out_yes):
 
 
 class ThreshDevices(EpochMeans):
-    """Device side for a cohort: epoch sums of private bits, the reference mean of the last update, and the
-    caps c_V and c_E. Refuses repeats, other epochs and incomplete epochs, whatever the collector sends."""
+    """Device side for a cohort: epoch sums of private bits, the reference mean of the last update it took part
+    in, the caps c_V and c_E, whether its vote reserve is booked, and the :class:`~protocols.guard.Guard`
+    (horizon, budget, spend). Refuses repeats, other epochs and incomplete epochs, whatever the collector
+    sends. ``sent_probabilities``: P[bit = 1] of each device's last message (NaN: none sent), for audits."""
 
-    def __init__(self, params: ThreshParams, seed: int, device_ids: np.ndarray) -> None:
+    def __init__(self, params: ThreshParams, seed: int, device_ids: np.ndarray, limits: Limits | None = None) -> None:
         self.params, self.seed = params, int(seed)
         self.device_ids = np.ascontiguousarray(device_ids, dtype=np.uint64)
         n = self.device_ids.size
+        self.guard = Guard(self.device_ids, limits)
         self.cV = np.zeros(n)
         self.cE = np.zeros(n)
-        self.reference = np.full(n, -1.0)  # p_i^{f(t)}; -1 before any global update
+        self.reference = np.full(n, -1.0)  # p_i^{f(t)}; -1 before any global update it took part in
+        self.reserved = np.zeros(n, dtype=np.bool_)  # vote reserve booked
+        self._voted = np.zeros(n, dtype=np.bool_)  # sent a vote in the last epoch voted on
+        self.sent_probabilities = np.full(n, np.nan)
         self.init_epochs(n, params.epoch_length)
         self.voted_epoch = 0
         self.estimated_epoch = 0
+        self._k_vote = params.vote_cap_count
+        self._dependence: dict[int, tuple[bool, bool]] = {}
 
     def _spendable(self, spent: np.ndarray, step: float) -> np.ndarray:
-        cap = self.params.cap
-        return spent + step <= cap + 1e-12 if self.params.cap_rule == "strict" else spent < cap - 1e-12
+        return self.params.spendable(spent, step)
+
+    def vote_depends_on_data(self, t: int) -> tuple[bool, bool]:
+        """Whether a device with an open vote cap can vote both yes and no in epoch t, depending on its data:
+        (reference -1, reference an earlier epoch mean). Epoch means are k/l; against -1 the difference is
+        1 + k/l, against an earlier mean any |k - k'|/l (the two means are of different epochs, so every
+        pair is possible). Evaluated with the vote kernel itself, so it is exact for these thresholds."""
+        if t not in self._dependence:
+            p = self.params
+            grid = np.arange(p.epoch_length + 1) / p.epoch_length
+            out = []
+            for diff in (np.abs(grid - (-1.0)), np.abs(grid[:, None] - grid[None, :]).ravel()):
+                yes = np.empty(diff.size, dtype=np.bool_)
+                _vote_kernel(diff, p.taus, p.levels, t, np.ones(diff.size, dtype=np.bool_), yes)
+                out.append(bool(yes.any() and not yes.all()))
+            self._dependence[t] = (out[0], out[1])
+        return self._dependence[t]
 
     def vote_probabilities(self, t: int) -> tuple[np.ndarray, np.ndarray]:
-        """(P[vote = 1], voted yes) for epoch t from the current state (no state change)."""
+        """(P[vote = 1], votes yes) for epoch t from the current state (no state change, no budget test)."""
         p = self.params
         a = p.vote_noise
         yes = np.empty(self.device_ids.size, dtype=np.bool_)
@@ -232,44 +327,71 @@ class ThreshDevices(EpochMeans):
         e = math.exp(a)
         return np.where(yes, e / (e + 1), 1 / (e + 1)), yes
 
-    def estimate_probabilities(self, update: bool) -> tuple[np.ndarray, np.ndarray]:
-        """(P[estimate bit = 1], truthful) for the last complete epoch (no state change)."""
-        p = self.params
-        e = math.exp(p.estimate_noise)
-        send = self._spendable(self.cE, p.estimate_noise) if update else np.zeros(self.device_ids.size, bool)
-        return np.where(send, (1 + self.current * (e - 1)) / (e + 1), 1 / (e + 1)), send
-
     def respond(self, msg: CollectionRequest | Decision, day: int, values: np.ndarray, now: float,
                 present: np.ndarray | None = None) -> tuple[ReportBatch | None, list[Charge]]:
-        """Votes or estimates of the devices that observed the whole epoch and are present now."""
-        p = self.params
-        t = msg.round
-        if msg.protocol != p.name or t != self.complete_epoch:
+        """Votes (on a CollectionRequest) or estimates (on the epoch's Decision) of the devices that observed
+        the whole epoch and are present now; anything else is refused and counted as ignored."""
+        p, g = self.params, self.guard
+        if not isinstance(msg, (CollectionRequest, Decision)) or msg.protocol != p.name:
+            g.ignore()
             return None, []
+        t = msg.round
         rows = self.valid if present is None else self.valid & present
         if isinstance(msg, CollectionRequest):
-            if t <= self.voted_epoch:
+            if not g.admit(t, self.complete_epoch):  # horizon, order, and only the epoch just completed
                 return None, []
             self.voted_epoch = t
-            q, yes = self.vote_probabilities(t)
-            yes &= rows
-            self.cV[yes] += p.vote_noise
-            bits = keyed.uniform(stream_key(self.seed, Purpose.VOTE, t), self.device_ids) < q
-            charges = [Charge(t, now, THRESH_VOTE, p.vote_noise, self.device_ids[yes])]
-            ids = self.device_ids[rows]
-            return ReportBatch(t, p.name, ids.astype(np.uint32), {"vote": wire_bits(bits[rows])}), charges
-        if t <= self.estimated_epoch or t > self.voted_epoch:
-            return None, []  # one estimate an epoch, and only after that epoch's vote
+            return self._vote(t, rows, now)
+        if not g.in_horizon(t) or t != self.voted_epoch or t != self.complete_epoch or t <= self.estimated_epoch:
+            g.ignore()  # one estimate an epoch, after that epoch's vote, never for a closed or stale epoch
+            return None, []
         self.estimated_epoch = t
-        q, send = self.estimate_probabilities(msg.update)
-        send &= rows
-        self.cE[send] += p.estimate_noise
-        if msg.update:
-            self.reference = np.where(self.valid, self.current, self.reference)  # f(t) = t
+        return self._estimate(t, msg.update, rows, now)
+
+    def _vote(self, t: int, rows: np.ndarray, now: float) -> tuple[ReportBatch, list[Charge]]:
+        p, g = self.params, self.guard
+        a = p.vote_noise
+        _, yes = self.vote_probabilities(t)
+        yes &= rows
+        open_ = self._spendable(self.cV, a) & rows
+        fresh, updated = self.vote_depends_on_data(t)
+        need = np.flatnonzero(open_ & ~self.reserved & np.where(self.reference < 0, fresh, updated))
+        charges = []
+        if need.size:
+            forced = np.rint(self.cV[need] / a).astype(np.int64)  # yes votes so far: all data-free (forced)
+            cost = 2 * a * (self._k_vote - forced)
+            ok = g.affordable(cost, need)
+            yes[need[~ok]] = False  # cannot afford it: the cap counts as closed this epoch (a data-free no)
+            for f in np.unique(forced[ok]):
+                sel = need[ok & (forced == f)]
+                charges.append(g.charge(t, now, THRESH_VOTE_RESERVE, 2 * a * (self._k_vote - int(f)), sel))
+                self.reserved[sel] = True
+        self.cV[yes] += p.vote_noise
+        self._voted = rows.copy()
+        e = math.exp(a)
+        q = np.where(yes, e / (e + 1), 1 / (e + 1))
+        self.sent_probabilities = np.where(rows, q, np.nan)
+        bits = keyed.uniform(stream_key(self.seed, Purpose.VOTE, t), self.device_ids) < q
+        ids = self.device_ids[rows]
+        return ReportBatch(t, p.name, ids.astype(np.uint32), {"vote": wire_bits(bits[rows])}), charges
+
+    def _estimate(self, t: int, update: bool, rows: np.ndarray, now: float) -> tuple[ReportBatch, list[Charge]]:
+        p, g = self.params, self.guard
+        b = p.estimate_noise
+        send = self._spendable(self.cE, b) & rows if update else np.zeros(self.device_ids.size, bool)
+        idx = np.flatnonzero(send)
+        if idx.size:
+            send[idx[~g.affordable(b, idx)]] = False  # over budget: the data-free estimate instead
+        self.cE[send] += b
+        charges = [g.charge(t, now, THRESH_ESTIMATE, b, send)]
+        if update:  # f(t) = t for the devices that took part: voted this epoch and hear the decision
+            self.reference = np.where(rows & self._voted, self.current, self.reference)
+        e = math.exp(b)
+        q = np.where(send, (1 + self.current * (e - 1)) / (e + 1), 1 / (e + 1))
+        self.sent_probabilities = np.where(rows, q, np.nan)
         bits = keyed.uniform(stream_key(self.seed, Purpose.ESTIMATE, t), self.device_ids) < q
         ids = self.device_ids[rows]
-        charges = [Charge(t, now, THRESH_ESTIMATE, p.estimate_noise, self.device_ids[send])]
-        if not msg.update:
+        if not update:
             charges.append(Charge(t, now, THRESH_DUMMY, 0.0, ids, cumulative=False))
         return ReportBatch(t, p.name, ids.astype(np.uint32), {"est": wire_bits(bits[rows])}), charges
 
@@ -342,6 +464,10 @@ class ThreshCollector:
                            info={"global_update": self._update, "vote_mean": self._vote_mean,
                                  "votes": self._vote_reports})
 
+    def stages(self) -> list[tuple[str, _Stage]]:
+        """The report stages in protocol order: the votes, then the estimates."""
+        return [("vote", self.votes), ("estimate", self.estimates)]
+
     def transcript_digest(self) -> str:
-        return hashlib.sha256((self.votes.transcript_digest() + self.estimates.transcript_digest()).encode()
-                              ).hexdigest()
+        """The canonical digest of both stages (protocols.transcript)."""
+        return transcript.digest(self.stages())

@@ -2,7 +2,7 @@
 privacy per device (Joseph et al. 2018's motivating comparison).
 
 Both runs share the world, seed and network. The naive run spends, per device, exactly THRESH's exact
-worst-case guarantee (ThreshParams.guarantee) spread evenly over the epochs (eps_total / T per epoch).
+worst-case guarantee (ThreshParams.total_epsilon) spread evenly over the epochs (eps_total / T per epoch).
 Writes compare.csv (per epoch: truth, both estimates, both errors, both mean and max cumulative spend),
 compare.json (the error and spend summaries side by side) and compare.png.
 """
@@ -23,7 +23,7 @@ def naive_twin(sc: Scenario) -> Scenario:
     p = sc.protocol
     raw = apply_overrides(sc.raw, [])
     raw.pop("collector", None)
-    raw["protocol"] = {"name": "epochrr", "epsilon": p.guarantee, "epoch_length": p.epoch_length}
+    raw["protocol"] = {"name": "epochrr", "epsilon": p.total_epsilon, "epoch_length": p.epoch_length}
     return parse(raw)
 
 
@@ -45,7 +45,7 @@ def compare(sc: Scenario, out: Path) -> dict:
     output.write_csv(out / "compare.csv", header, cols)
     table = {k: {"error": s["error"], "epsilon": s["epsilon"], "updates": s.get("updates"),
                  "per_epoch_epsilon": results[k].scenario.protocol.round_epsilon} for k, s in summaries.items()}
-    table["budget"] = sc.protocol.guarantee
+    table["budget"] = sc.protocol.total_epsilon
     (out / "compare.json").write_text(json.dumps(table, indent=2) + "\n", encoding="utf-8")
     _plot(out / "compare.png", epochs, truth, results, sc)
     return table
@@ -67,7 +67,7 @@ def _plot(path: Path, epochs, truth, results, sc: Scenario) -> None:
     top.plot(upd, [truth[u - 1] for u in upd], "v", color="tab:red", label="THRESH global update")
     top.set_ylim(-0.25, 1.25)
     top.set_ylabel("mean of the bits")
-    top.set_title(f"{sc.name}: equal total privacy per device (ε = {sc.protocol.guarantee:.3g})", fontsize=10)
+    top.set_title(f"{sc.name}: equal total privacy per device (ε = {sc.protocol.total_epsilon:.3g})", fontsize=10)
     top.legend(fontsize=8)
     for k, color in (("thresh", "tab:orange"), ("naive", "tab:grey")):
         hist = results[k].ledger.history
