@@ -17,6 +17,7 @@ import numpy as np
 from agents.world import World
 from protocols import wire
 from protocols.framing import FrameDecoder, frame
+from protocols.guard import Limits
 from protocols.ledger import Ledger
 from protocols.messages import CollectionRequest, Decision, End, Hello, ReportBatch, Threshold
 
@@ -42,14 +43,17 @@ class DeviceClient:
     def __init__(self, params: Any, seed: int, device_ids: np.ndarray, cohort_size: int, world: World,
                  ledger: Ledger, deadline: float, latency: float, host: str, port: int,
                  backoff: tuple[float, float] = (0.05, 2.0), max_frame: int = wire.MAX_MESSAGE_BYTES,
-                 give_up_after: float = 60.0, days: "DeviceDays | None" = None) -> None:
+                 give_up_after: float = 60.0, days: "DeviceDays | None" = None,
+                 limits: Limits | None = None) -> None:
         self.params, self.world, self.ledger = params, world, ledger
         self.deadline, self.latency = float(deadline), float(latency)
         self.host, self.port, self.backoff, self.max_frame = host, int(port), backoff, max_frame
         self.give_up_after = give_up_after  # seconds of failed connection attempts before the client stops
         ids = np.asarray(device_ids, dtype=np.int64)
         self.ids = ids
-        self.cohorts = [params.make_devices(seed, ids[i:i + cohort_size]) for i in range(0, ids.size, cohort_size)]
+        self.limits = limits or Limits()
+        self.cohorts = [params.make_devices(seed, ids[i:i + cohort_size], self.limits)
+                        for i in range(0, ids.size, cohort_size)]
         self.epoch_length = int(getattr(params, "epoch_length", 1))
         # clients sharing a world share its days (else the first to advance it would leave the others behind)
         self.days = days or getattr(world, "device_days", None) or DeviceDays(world)
@@ -74,8 +78,11 @@ class DeviceClient:
                 cohort.observe(day, self.world.values(ids)[0], self.world.present(ids))
 
     def answer(self, msg: CollectionRequest | Decision | Threshold) -> list[bytes]:
-        """The frames to send for one collector message: each cohort's batch, then the acknowledgement."""
-        self._advance(msg.round * self.epoch_length)
+        """The frames to send for one collector message: each cohort's batch, then the acknowledgement. The
+        devices' days advance to the requested round only inside the horizon: a request for a round beyond it
+        (2^31 - 1, say) is refused by every device side at once instead of walked to day by day."""
+        if msg.round <= self.limits.horizon:
+            self._advance(msg.round * self.epoch_length)
         now = msg.deadline - self.deadline + self.latency  # the simulator's answer time for this stage
         out = []
         for cohort in self.cohorts:

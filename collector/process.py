@@ -8,6 +8,7 @@ from typing import Any, Callable
 
 import simpy
 
+from collector.hostile import Hostility, describe
 from collector.network import Network
 from protocols import wire
 from protocols.base import CollectorSide, ProtocolError, RoundResult
@@ -28,11 +29,14 @@ class CollectorStats:
 
 class CollectorProcess:
     def __init__(self, env: simpy.Environment, protocol: CollectorSide, network: Network,
-                 cohort_inboxes: list[simpy.Store], deadline: float, log: Any) -> None:
+                 cohort_inboxes: list[simpy.Store], deadline: float, log: Any,
+                 hostility: Hostility | None = None) -> None:
         self.env, self.protocol, self.network = env, protocol, network
         self.cohort_inboxes, self.deadline, self.log = cohort_inboxes, float(deadline), log
+        self.hostility = hostility
         self.inbox: simpy.Store = simpy.Store(env)
         self.stats = CollectorStats()
+        self.downlink: list[dict] = []  # every broadcast, in order (downlink.jsonl)
         self.open_until: float | None = None
         self._logged = 0
         env.process(self.receiver())
@@ -47,9 +51,14 @@ class CollectorProcess:
         close_at = self.env.now + self.deadline
         message = self.protocol.request(round_, close_at)
         self._logged = 0
+        if self.hostility is not None:
+            for extra in self.hostility.start_round():
+                self.broadcast(extra)
         while message is not None:  # one stage per broadcast (THRESH: votes, then estimates)
             self.open_until = close_at
-            self.network.broadcast(wire.encode(message), self.cohort_inboxes)
+            self.broadcast(message)
+            for extra in self.hostility.after(message) if self.hostility is not None else ():
+                self.broadcast(extra)
             yield self.env.timeout(close_at - self.env.now)
             self.open_until = None
             close_at = self.env.now + self.deadline
@@ -58,6 +67,11 @@ class CollectorProcess:
         if on_close is not None:
             on_close(result)
         return result
+
+    def broadcast(self, message: Any) -> None:
+        """Send a collector message to every cohort and keep it for the downlink transcript."""
+        self.downlink.append(describe(message, self.env.now))
+        self.network.broadcast(wire.encode(message), self.cohort_inboxes)
 
     def receiver(self):
         while True:

@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from collector.hostile import Hostility, describe
 from collector.process import LOGGED_REJECTIONS_PER_ROUND, CollectorStats
 from protocols import wire
 from protocols.base import CollectorSide, ProtocolError, RoundResult
@@ -47,10 +48,13 @@ class LiveCollector:
     def __init__(self, protocol: CollectorSide, n_devices: int, rounds: int, nominal_start: Callable[[int], float],
                  deadline: float, settings: LiveSettings, log: Any,
                  on_round_start: Callable[[int], None] | None = None,
-                 on_round_closed: Callable[[int, RoundResult, float], None] | None = None) -> None:
+                 on_round_closed: Callable[[int, RoundResult, float], None] | None = None,
+                 hostility: Hostility | None = None) -> None:
         self.protocol, self.n_devices, self.rounds = protocol, int(n_devices), int(rounds)
         self.nominal_start, self.deadline, self.settings, self.log = nominal_start, float(deadline), settings, log
         self.on_round_start, self.on_round_closed = on_round_start, on_round_closed
+        self.hostility = hostility
+        self.downlink: list[dict] = []  # every broadcast, in order, with its nominal time (downlink.jsonl)
         self.stats = CollectorStats()
         self.dropped = 0  # connections dropped for misbehaving
         self.connections: set[Connection] = set()
@@ -149,7 +153,9 @@ class LiveCollector:
                 and all(c.acked for c in self.connections if c.devices.size)):
             self._acked.set()
 
-    async def _broadcast(self, msg: Message) -> None:
+    async def _broadcast(self, msg: Message, nominal: float | None = None) -> None:
+        if nominal is not None:
+            self.downlink.append(describe(msg, nominal))  # type: ignore[arg-type]
         data = frame(wire.encode(msg))
         for conn in list(self.connections):
             conn.acked = False
@@ -170,15 +176,22 @@ class LiveCollector:
             await asyncio.wait_for(self._registered.wait(), self.settings.startup_timeout)
         except asyncio.TimeoutError:
             self.log.warning("startup_incomplete", registered=int(self.registered.sum()), devices=self.n_devices)
-        for t in range(first_round, (last_round or self.rounds) + 1):
+        last = last_round or self.rounds
+        extra = self.hostility.extra_rounds(self.rounds) if self.hostility is not None and last == self.rounds else []
+        for t in [*range(first_round, last + 1), *extra]:
+            honest = t <= self.rounds
             self.current_round, self._logged = t, 0
-            if self.on_round_start is not None:
+            if honest and self.on_round_start is not None:
                 self.on_round_start(t)
             close_at = self.nominal_start(t) + self.deadline
             msg: Message | None = self.protocol.request(t, close_at)
+            for hostile in self.hostility.start_round() if self.hostility is not None else ():
+                await self._broadcast(hostile, close_at - self.deadline)
             while msg is not None:
                 self._stage_open = True
-                await self._broadcast(msg)
+                await self._broadcast(msg, close_at - self.deadline)
+                for hostile in self.hostility.after(msg) if self.hostility is not None else ():
+                    await self._broadcast(hostile, close_at - self.deadline)
                 self._check_acks()
                 try:
                     await asyncio.wait_for(self._acked.wait(), self.settings.stage_timeout)
@@ -188,7 +201,7 @@ class LiveCollector:
                 closed_at, close_at = close_at, close_at + self.deadline
                 msg = self.protocol.advance(close_at)
             result = self.protocol.close_round()
-            if self.on_round_closed is not None:
+            if honest and self.on_round_closed is not None:
                 self.on_round_closed(t, result, closed_at)
         if end:
             self.finished = True

@@ -18,6 +18,7 @@ from protocols import keyed
 from protocols.base import accepts, check_params
 from protocols.collecting import Column, ReportCollector
 from protocols.dbitflip import bucket_of, histogram
+from protocols.guard import Guarantee, Guard, Limits
 from protocols.keyed import Purpose, stream_key
 from protocols.ledger import FRESH_REPORT, Charge
 from protocols.messages import CollectionRequest, ReportBatch
@@ -33,10 +34,10 @@ class FreshDevices:
 
     reason = FRESH_REPORT
 
-    def __init__(self, params, seed: int, device_ids: np.ndarray) -> None:
+    def __init__(self, params, seed: int, device_ids: np.ndarray, limits: Limits | None = None) -> None:
         self.params, self.seed = params, int(seed)
         self.device_ids = np.ascontiguousarray(device_ids, dtype=np.uint64)
-        self.last_round = 0
+        self.guard = Guard(self.device_ids, limits)
 
     def report(self, round_: int, values: np.ndarray) -> dict[str, np.ndarray]:
         raise NotImplementedError
@@ -52,13 +53,14 @@ class FreshDevices:
         if not accepts(self, request, day):
             return None, []
         columns = self.report(request.round, values)
-        ids = self.device_ids
-        if present is not None:
-            ids = ids[present]
-            columns = {k: (wire_bits(np.asarray(v)[present]) if isinstance(v, Bits) else v[present])
+        rows = np.arange(self.device_ids.size) if present is None else np.flatnonzero(present)
+        rows = rows[self.guard.affordable(p.round_epsilon, rows)]
+        if rows.size != self.device_ids.size:
+            columns = {k: (wire_bits(np.asarray(v)[rows]) if isinstance(v, Bits) else v[rows])
                        for k, v in columns.items()}
-        return (ReportBatch(round=request.round, protocol=p.name, devices=ids.astype(np.uint32), columns=columns),
-                [Charge(request.round, now, self.reason, p.round_epsilon, ids)])
+        return (ReportBatch(round=request.round, protocol=p.name, devices=self.device_ids[rows].astype(np.uint32),
+                            columns=columns),
+                [self.guard.charge(request.round, now, self.reason, p.round_epsilon, rows)])
 
 
 # ------------------------------------------------------------------------------------------- k-ary RR
@@ -104,8 +106,11 @@ class KFlipParams:
     def round_epsilon(self) -> float:
         return self.epsilon
 
-    def make_devices(self, seed: int, device_ids: np.ndarray) -> "KFlipDevices":
-        return KFlipDevices(self, seed, device_ids)
+    def guarantee(self, horizon: int) -> Guarantee:
+        return Guarantee(horizon * self.epsilon, f"R x eps = {horizon} x {self.epsilon:g}")
+
+    def make_devices(self, seed: int, device_ids: np.ndarray, limits: Limits | None = None) -> "KFlipDevices":
+        return KFlipDevices(self, seed, device_ids, limits)
 
     def make_collector(self, n_devices: int) -> "KFlipCollector":
         return KFlipCollector(self, n_devices)
@@ -176,8 +181,11 @@ class LaplaceParams:
         """Laplace scale m/eps: the sensitivity of one value in [0, m] over eps."""
         return self.max_value / self.epsilon
 
-    def make_devices(self, seed: int, device_ids: np.ndarray) -> "LaplaceDevices":
-        return LaplaceDevices(self, seed, device_ids)
+    def guarantee(self, horizon: int) -> Guarantee:
+        return Guarantee(horizon * self.epsilon, f"R x eps = {horizon} x {self.epsilon:g}")
+
+    def make_devices(self, seed: int, device_ids: np.ndarray, limits: Limits | None = None) -> "LaplaceDevices":
+        return LaplaceDevices(self, seed, device_ids, limits)
 
     def make_collector(self, n_devices: int) -> "LaplaceCollector":
         return LaplaceCollector(self, n_devices)

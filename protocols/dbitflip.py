@@ -28,9 +28,10 @@ import numpy as np
 from protocols import keyed
 from protocols.base import ProtocolError, accepts, check_params
 from protocols.collecting import Column, ReportCollector
+from protocols.guard import Guarantee, Guard, Limits
 from protocols.keyed import Purpose, stream_key
 from protocols.ledger import Charge
-from protocols.memo import RevealSet, report_charges
+from protocols.memo import RevealSet, admit_reports, report_charges
 from protocols.messages import CollectionRequest, ReportBatch
 from protocols.onebit import epsilon_prime
 from protocols.wire import bits as wire_bits
@@ -110,12 +111,26 @@ class DBitFlipParams:
         per_bit = epsilon_prime(self.epsilon / 2, self.gamma) if self.gamma > 0 else self.epsilon / 2
         return min(self.bits, 2) * per_bit
 
+    def guarantee(self, horizon: int) -> Guarantee:
+        """Fresh: R reports at ``round_epsilon``. dBitFlipPM: eps per distinct memoized report revealed, at most
+        min(R, d + 1), or min(R, d) when d = k (within a behavior pattern, Ding et al. 2017 section 3)."""
+        if not self.memoized:
+            return Guarantee(horizon * self.round_epsilon, f"R x eps_round = {horizon} x {self.round_epsilon:.6g}")
+        from protocols.worst_case import dbitflippm_worst_case
+
+        wc = dbitflippm_worst_case(self.epsilon, self.gamma, horizon, self.bits, self.buckets)
+        inputs = self.bits if self.bits == self.buckets else self.bits + 1  # d = k: "not in J" cannot occur
+        return Guarantee(min(horizon, inputs) * self.epsilon,
+                         f"min(R, memo inputs) x eps = min({horizon}, {inputs}) x {self.epsilon:g}",
+                         "within a behavior pattern (Ding et al. 2017, Theorem 4)",
+                         (wc.value, wc.exact, wc.method))
+
     @property
     def bucket_dtype(self) -> np.dtype:
         return np.dtype(np.uint8 if self.buckets <= 256 else np.uint32)
 
-    def make_devices(self, seed: int, device_ids: np.ndarray) -> "DBitFlipDevices":
-        return DBitFlipDevices(self, seed, device_ids)
+    def make_devices(self, seed: int, device_ids: np.ndarray, limits: Limits | None = None) -> "DBitFlipDevices":
+        return DBitFlipDevices(self, seed, device_ids, limits)
 
     def make_collector(self, n_devices: int) -> "DBitFlipCollector":
         return DBitFlipCollector(self, n_devices)
@@ -175,9 +190,11 @@ def _report_kernel(ids, buckets, J, pe, qe, key, memoized, flip_key, gamma, out_
 class DBitFlipDevices:
     """Device side for a cohort: J fixed at setup; answers each round at most once."""
 
-    def __init__(self, params: DBitFlipParams, seed: int, device_ids: np.ndarray) -> None:
+    def __init__(self, params: DBitFlipParams, seed: int, device_ids: np.ndarray, limits: Limits | None = None) -> None:
         self.params, self.seed = params, int(seed)
         self.device_ids = np.ascontiguousarray(device_ids, dtype=np.uint64)
+        self.guard = Guard(self.device_ids, limits)
+        self.reveals: RevealSet | None = None
         k, d = params.buckets, params.bits
         self.J = np.empty((self.device_ids.size, d), dtype=np.int64)
         if d == k:
@@ -186,7 +203,6 @@ class DBitFlipDevices:
             _sample_j(self.device_ids, k, d, np.uint64(stream_key(seed, Purpose.BUCKETS)), self.J)
         e = math.exp(params.epsilon / 2)
         self._pe, self._qe = e / (e + 1), 1 / (e + 1)
-        self.last_round = 0
         if params.memoized:
             self.reveals = RevealSet(self.device_ids.size, d + 1)
 
@@ -210,9 +226,9 @@ class DBitFlipDevices:
             return None, []
         bits, inputs = self.report_bits(request.round, values)
         rows = np.arange(self.device_ids.size) if present is None else np.flatnonzero(present)
+        rows, new = admit_reports(self.guard, p, rows, self.reveals, inputs)
+        charges = report_charges(self.guard, p, request.round, now, rows, new)
         ids, bits, J = self.device_ids[rows], bits[rows], self.J[rows]
-        new = self.reveals.insert(rows, inputs[rows]) if p.memoized else None
-        charges = report_charges(p, request.round, now, ids, new)
         columns = {"b": wire_bits(bits)}
         if p.bits < p.buckets:
             columns["j"] = J.astype(p.bucket_dtype)

@@ -17,6 +17,7 @@ from protocols import keyed
 from protocols.base import check_params
 from protocols.collecting import Column, ReportCollector
 from protocols.epochs import EpochMeans
+from protocols.guard import Guarantee, Guard, Limits
 from protocols.keyed import Purpose, stream_key
 from protocols.ledger import FRESH_REPORT, Charge
 from protocols.messages import CollectionRequest, ReportBatch
@@ -51,8 +52,11 @@ class EpochRRParams:
     def round_epsilon(self) -> float:
         return self.epoch_epsilon
 
-    def make_devices(self, seed: int, device_ids: np.ndarray) -> "EpochRRDevices":
-        return EpochRRDevices(self, seed, device_ids)
+    def guarantee(self, horizon: int) -> Guarantee:
+        return Guarantee(horizon * self.epoch_epsilon, f"T x eps/T = {horizon} x {self.epoch_epsilon:.6g}")
+
+    def make_devices(self, seed: int, device_ids: np.ndarray, limits: Limits | None = None) -> "EpochRRDevices":
+        return EpochRRDevices(self, seed, device_ids, limits)
 
     def make_collector(self, n_devices: int) -> "EpochRRCollector":
         return EpochRRCollector(self, n_devices)
@@ -67,25 +71,26 @@ class EpochRRParams:
 class EpochRRDevices(EpochMeans):
     """Epoch sums of the private bits (as THRESH's devices keep them) and one fresh report per epoch."""
 
-    def __init__(self, params: EpochRRParams, seed: int, device_ids: np.ndarray) -> None:
+    def __init__(self, params: EpochRRParams, seed: int, device_ids: np.ndarray, limits: Limits | None = None) -> None:
         self.params, self.seed = params, int(seed)
         self.device_ids = np.ascontiguousarray(device_ids, dtype=np.uint64)
         self.init_epochs(self.device_ids.size, params.epoch_length)
-        self.last_epoch = 0
+        self.guard = Guard(self.device_ids, limits)
 
     def respond(self, request: CollectionRequest, day: int, values: np.ndarray, now: float,
                 present: np.ndarray | None = None) -> tuple[ReportBatch | None, list[Charge]]:
         p, t = self.params, request.round
-        if (not isinstance(request, CollectionRequest) or request.protocol != p.name or t != self.complete_epoch
-                or t <= self.last_epoch):
+        if not isinstance(request, CollectionRequest) or request.protocol != p.name:
+            self.guard.ignore()
             return None, []
-        self.last_epoch = t
-        rows = self.valid if present is None else self.valid & present
+        if not self.guard.admit(t, self.complete_epoch):
+            return None, []
+        rows = np.flatnonzero(self.valid if present is None else self.valid & present)
+        rows = rows[self.guard.affordable(p.epoch_epsilon, rows)]
         u = keyed.uniform(stream_key(self.seed, Purpose.REPORT, t), self.device_ids)
         bits = u < p_one(self.current, p.epoch_epsilon, 1.0)
-        ids = self.device_ids[rows]
-        return (ReportBatch(t, p.name, ids.astype(np.uint32), {"bit": wire_bits(bits[rows])}),
-                [Charge(t, now, FRESH_REPORT, p.epoch_epsilon, ids)])
+        return (ReportBatch(t, p.name, self.device_ids[rows].astype(np.uint32), {"bit": wire_bits(bits[rows])}),
+                [self.guard.charge(t, now, FRESH_REPORT, p.epoch_epsilon, rows)])
 
 
 class EpochRRCollector(ReportCollector):

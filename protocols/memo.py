@@ -12,6 +12,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
+from protocols.guard import Guard
 from protocols.ledger import FRESH_REPORT, MEMO_REVEAL, ROUND_GUARANTEE, Charge
 
 
@@ -60,6 +61,27 @@ def _hash_insert(table, width, rows, items, new):
     return added
 
 
+@nb.njit(cache=True)
+def _bitset_contains(table, words, rows, items, out):
+    for i in range(rows.shape[0]):
+        w = rows[i] * words + (items[i] >> 6)
+        out[i] = (table[w] >> np.uint64(items[i] & 63)) & np.uint64(1) == np.uint64(1)
+
+
+@nb.njit(cache=True)
+def _hash_contains(table, width, rows, items, out):
+    mask = np.uint64(table.shape[0] - 1)
+    for i in range(rows.shape[0]):
+        key = np.uint64(rows[i]) * np.uint64(width) + np.uint64(items[i]) + np.uint64(1)
+        h = (key * np.uint64(0x9E3779B97F4A7C15)) & mask
+        out[i] = False
+        while table[h] != 0:
+            if table[h] == key:
+                out[i] = True
+                break
+            h = (h + np.uint64(1)) & mask
+
+
 class RevealSet:
     """Which (device row, memo input) pairs a cohort has revealed; ``insert`` reports the new ones.
 
@@ -98,6 +120,17 @@ class RevealSet:
             self._count += _hash_insert(self._table, self.width, rows, items, new)
         return new
 
+    def contains(self, rows: np.ndarray, items: np.ndarray) -> np.ndarray:
+        """True where (rows[i], items[i]) was revealed before (no state change)."""
+        rows = np.ascontiguousarray(rows, dtype=np.int64)
+        items = np.ascontiguousarray(items, dtype=np.int64)
+        out = np.empty(rows.shape[0], dtype=np.bool_)
+        if self.dense:
+            _bitset_contains(self._table, self._words, rows, items, out)
+        else:
+            _hash_contains(self._table, self.width, rows, items, out)
+        return out
+
     def _grow(self, need: int) -> None:
         capacity = 1 << max(10, int(need - 1).bit_length())
         old = self._table[self._table != 0] - np.uint64(1)
@@ -116,13 +149,31 @@ class RevealSet:
         return np.bincount((keys // np.uint64(self.width)).astype(np.int64), minlength=self.size)
 
 
-def report_charges(params: object, round_: int, now: float, ids: np.ndarray, new: np.ndarray | None) -> list[Charge]:
-    """The ledger charges of one round's reports. Memoized: eps for each device revealing a memoized response
-    for the first time (``new``), plus the per-report guarantee under output perturbation (not cumulative).
-    Fresh: the per-report loss ``params.round_epsilon`` for every device."""
-    if not params.memoized:
-        return [Charge(round_, now, FRESH_REPORT, params.round_epsilon, ids)]
-    charges = [Charge(round_, now, MEMO_REVEAL, params.epsilon, ids[new])]
+def admit_reports(guard: Guard, params: object, rows: np.ndarray, reveals: RevealSet | None,
+                  inputs: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
+    """The rows (cohort indices) whose report this round fits the budget, and for memoized protocols which
+    of them reveal a memoized response for the first time (recorded as revealed). Fresh reports cost
+    ``params.round_epsilon``; a memoized report costs eps when new and nothing when repeated (Theorem 4)."""
+    if reveals is None:
+        return rows[guard.affordable(params.round_epsilon, rows)], None
+    if guard.limits.budget is None:
+        return rows, reveals.insert(rows, inputs[rows])
+    new = ~reveals.contains(rows, inputs[rows])
+    ok = guard.affordable(np.where(new, params.epsilon, 0.0), rows)
+    rows, new = rows[ok], new[ok]
+    reveals.insert(rows, inputs[rows])
+    return rows, new
+
+
+def report_charges(guard: Guard, params: object, round_: int, now: float, rows: np.ndarray,
+                   new: np.ndarray | None) -> list[Charge]:
+    """The ledger charges of one round's reports (``rows``: cohort indices that report). Memoized: eps for
+    each device revealing a memoized response for the first time (``new``), plus the per-report guarantee
+    under output perturbation (not cumulative). Fresh: the per-report loss ``params.round_epsilon``."""
+    if new is None:
+        return [guard.charge(round_, now, FRESH_REPORT, params.round_epsilon, rows)]
+    charges = [guard.charge(round_, now, MEMO_REVEAL, params.epsilon, rows[new])]
     if params.gamma > 0:
-        charges.append(Charge(round_, now, ROUND_GUARANTEE, params.round_epsilon, ids, cumulative=False))
+        charges.append(Charge(round_, now, ROUND_GUARANTEE, params.round_epsilon, guard.device_ids[rows],
+                              cumulative=False))
     return charges

@@ -33,6 +33,7 @@ from protocols import keyed
 from protocols.base import check_params
 from protocols.baselines import FreshDevices
 from protocols.collecting import Column, ReportCollector
+from protocols.guard import Guarantee, Limits
 from protocols.keyed import Purpose, stream_key
 from protocols.onebit import estimate_mean, mean_variance
 from protocols.wire import bits as wire_bits
@@ -73,8 +74,13 @@ class MultiParams:
     def round_epsilon(self) -> float:
         return joint_epsilon(self.epsilon, self.counters)
 
-    def make_devices(self, seed: int, device_ids: np.ndarray) -> "MultiDevices":
-        return MultiDevices(self, seed, device_ids)
+    def guarantee(self, horizon: int) -> Guarantee:
+        """R reports, each at the exact joint loss of its c bits (Theorem 7)."""
+        return Guarantee(horizon * self.round_epsilon,
+                         f"R x eps_joint(c) = {horizon} x {self.round_epsilon:.6g} (c = {self.counters})")
+
+    def make_devices(self, seed: int, device_ids: np.ndarray, limits: Limits | None = None) -> "MultiDevices":
+        return MultiDevices(self, seed, device_ids, limits)
 
     def make_collector(self, n_devices: int) -> "MultiCollector":
         return MultiCollector(self, n_devices)

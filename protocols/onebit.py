@@ -20,9 +20,10 @@ import numpy as np
 from protocols import keyed
 from protocols.base import accepts, check_params
 from protocols.collecting import Column, ReportCollector
+from protocols.guard import Guarantee, Guard, Limits
 from protocols.keyed import Purpose, stream_key
 from protocols.ledger import Charge
-from protocols.memo import RevealSet, report_charges
+from protocols.memo import RevealSet, admit_reports, report_charges
 from protocols.messages import CollectionRequest, ReportBatch
 from protocols.wire import bits as wire_bits
 
@@ -124,11 +125,25 @@ class OneBitParams:
         """The per-report guarantee: eps, or eps' of Theorem 6 with output perturbation."""
         return epsilon_prime(self.epsilon, self.gamma) if self.gamma > 0 else self.epsilon
 
+    def guarantee(self, horizon: int) -> Guarantee:
+        """1BitMean: every report is charged eps (eps' with output perturbation), R reports. 1BitRRPM: eps per
+        distinct grid value revealed, at most min(R, |G|) of them (Theorem 4, within a behavior pattern)."""
+        if not self.memoized:
+            return Guarantee(horizon * self.round_epsilon, f"R x eps_round = {horizon} x {self.round_epsilon:.6g}")
+        from protocols.worst_case import memo_bit_worst_case
+
+        width = min(horizon, self.grid_size)
+        wc = memo_bit_worst_case(self.epsilon, self.gamma, horizon, self.grid_size)
+        return Guarantee(width * self.epsilon,
+                         f"min(R, |G|) x eps = min({horizon}, {self.grid_size}) x {self.epsilon:g}",
+                         "within a behavior pattern (Ding et al. 2017, Theorem 4)",
+                         (wc.value, wc.exact, wc.method))
+
     # the protocol descriptor used by the runtimes (protocols.base.ProtocolParams)
     kind = "mean"
 
-    def make_devices(self, seed: int, device_ids: np.ndarray) -> "OneBitDevices":
-        return OneBitDevices(self, seed, device_ids)
+    def make_devices(self, seed: int, device_ids: np.ndarray, limits: Limits | None = None) -> "OneBitDevices":
+        return OneBitDevices(self, seed, device_ids, limits)
 
     def make_collector(self, n_devices: int) -> "OneBitCollector":
         return OneBitCollector(self, n_devices)
@@ -169,13 +184,14 @@ def _fresh_kernel(ids, values, m, p0, slope, report_key, flip_key, gamma, out_bi
 class OneBitDevices:
     """Device side for a cohort: answers each round at most once, memo state and reveals kept per device."""
 
-    def __init__(self, params: OneBitParams, seed: int, device_ids: np.ndarray) -> None:
+    def __init__(self, params: OneBitParams, seed: int, device_ids: np.ndarray, limits: Limits | None = None) -> None:
         self.params = params
         self.seed = int(seed)
         self.device_ids = np.ascontiguousarray(device_ids, dtype=np.uint64)
         if self.device_ids.size > 1 and np.any(np.diff(self.device_ids.astype(np.int64)) <= 0):
             raise ValueError("device ids must be strictly increasing")
-        self.last_round = 0
+        self.guard = Guard(self.device_ids, limits)
+        self.reveals: RevealSet | None = None
         e = math.exp(params.epsilon)
         self._p0, self._slope = 1.0 / (e + 1.0), (e - 1.0) / (e + 1.0)
         if params.memoized:
@@ -212,11 +228,10 @@ class OneBitDevices:
             return None, []
         bits, grid = self.report_bits(request.round, values)
         rows = np.arange(self.device_ids.size) if present is None else np.flatnonzero(present)
-        ids, bits = self.device_ids[rows], bits[rows]
-        new = self.reveals.insert(rows, grid[rows]) if p.memoized else None
-        charges = report_charges(p, request.round, now, ids, new)
-        batch = ReportBatch(round=request.round, protocol=p.name, devices=ids.astype(np.uint32),
-                            columns={"bit": wire_bits(bits)})
+        rows, new = admit_reports(self.guard, p, rows, self.reveals, grid)
+        charges = report_charges(self.guard, p, request.round, now, rows, new)
+        batch = ReportBatch(round=request.round, protocol=p.name, devices=self.device_ids[rows].astype(np.uint32),
+                            columns={"bit": wire_bits(bits[rows])})
         return batch, charges
 
 

@@ -19,15 +19,15 @@ per time step, r = 1). Candidates are the EM domain's bin edges. Each report is 
 
 from __future__ import annotations
 
-import hashlib
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from protocols import keyed, numeric
+from protocols import keyed, numeric, transcript
 from protocols.base import ProtocolError, RoundResult, check_params
 from protocols.collecting import Column, ReportCollector
+from protocols.guard import Guarantee, Guard, Limits
 from protocols.keyed import Purpose, stream_key
 from protocols.ledger import Charge
 from protocols.messages import CollectionRequest, ReportBatch, Threshold
@@ -93,8 +93,22 @@ class ToplParams:
         return (r == 1 or (self.rethreshold_every > 0 and (r - 1) % self.rethreshold_every == 0)
                 or r in self.rethreshold_at)
 
-    def make_devices(self, seed: int, device_ids: np.ndarray) -> "ToplDevices":
-        return ToplDevices(self, seed, device_ids)
+    def guarantee(self, horizon: int) -> Guarantee:
+        """One report a round, each eps-LDP on its own (event level): HM at eps, or SW at threshold_epsilon for
+        a device in a threshold round's holdout; the worst device is in every holdout."""
+        k = sum(1 for r in range(1, horizon + 1) if self.threshold_round(r))
+        top = max(self.epsilon, self.threshold_epsilon)
+        return Guarantee((horizon - k) * self.epsilon + k * top,
+                         f"(R - K) x eps + K x max(eps, eps_threshold) = {horizon - k} x {self.epsilon:g} + "
+                         f"{k} x {top:g} (K threshold rounds)")
+
+    def make_devices(self, seed: int, device_ids: np.ndarray, limits: Limits | None = None) -> "ToplDevices":
+        return ToplDevices(self, seed, device_ids, limits)
+
+    def plausible_theta(self, theta: float) -> bool:
+        """A threshold a device accepts: finite and in [max_value x 1e-9, max_value]. (Privacy never depends on
+        theta, since HM is eps-LDP for any input in [-1, 1]; an absurd theta only ruins the estimates.)"""
+        return math.isfinite(theta) and self.max_value * 1e-9 <= theta <= self.max_value
 
     def make_collector(self, n_devices: int) -> "ToplCollector":
         return ToplCollector(self, n_devices)
@@ -117,10 +131,11 @@ class ToplDevices:
         u = keyed.uniform(stream_key(self.seed, Purpose.HOLDOUT, r), self.device_ids)
         return u < self.params.holdout
 
-    def __init__(self, params: ToplParams, seed: int, device_ids: np.ndarray) -> None:
+    def __init__(self, params: ToplParams, seed: int, device_ids: np.ndarray, limits: Limits | None = None) -> None:
         self.params, self.seed = params, int(seed)
         self.device_ids = np.ascontiguousarray(device_ids, dtype=np.uint64)
         n = self.device_ids.size
+        self.guard = Guard(self.device_ids, limits)
         self.theta = np.zeros(n)  # latest theta received (0: none)
         self.version = np.zeros(n, dtype=np.int64)
         self.from_round = np.zeros(n, dtype=np.int64)
@@ -128,40 +143,50 @@ class ToplDevices:
 
     def _report(self, r: int, rows: np.ndarray, values: np.ndarray, now: float, holdout_stage: bool
                 ) -> tuple[ReportBatch | None, list[Charge]]:
-        p, ids = self.params, self.device_ids
-        rows = rows & (self.last_round < r)
-        if not rows.any():
+        p = self.params
+        idx = np.flatnonzero(rows & (self.last_round < r))
+        idx = idx[self.guard.affordable(p.threshold_epsilon if holdout_stage else p.epsilon, idx)]
+        if not idx.size:
             return None, []
-        self.last_round[rows] = r
-        sel = self.device_ids[rows]
-        x = np.asarray(values, dtype=np.float64)[rows]
+        self.last_round[idx] = r
+        sel = self.device_ids[idx]
+        x = np.asarray(values, dtype=np.float64)[idx]
         key = lambda k: keyed.uniform(stream_key(self.seed, Purpose.REPORT, r, k), sel)  # noqa: E731
         if holdout_stage:
             y = numeric.sw_randomize(np.clip(x / p.max_value, 0.0, 1.0), p.threshold_epsilon, key(0), key(1))
             cols, eps = {"s": np.asarray(y, dtype=np.float64)}, p.threshold_epsilon
         else:
-            theta = self.theta[rows]
+            theta = self.theta[idx]
             t = 2.0 * np.minimum(x, theta) / theta - 1.0  # truncate to [0, theta], map to [-1, 1]
             y = numeric.hm_randomize(t, p.epsilon, key(2), key(3), key(4))
-            cols = {"y": np.asarray(y, dtype=np.float64), "v": self.version[rows].astype(np.uint32)}
+            cols = {"y": np.asarray(y, dtype=np.float64), "v": self.version[idx].astype(np.uint32)}
             eps = p.epsilon
-        return ReportBatch(r, p.name, sel.astype(np.uint32), cols), [Charge(r, now, EVENT_REPORT, eps, sel)]
+        return (ReportBatch(r, p.name, sel.astype(np.uint32), cols),
+                [self.guard.charge(r, now, EVENT_REPORT, eps, idx)])
 
     def respond(self, msg: CollectionRequest | Threshold, day: int, values: np.ndarray, now: float,
                 present: np.ndarray | None = None) -> tuple[ReportBatch | None, list[Charge]]:
+        """Answer the current round inside the horizon; a threshold must be plausible and newer than the one
+        a device holds; anything else is ignored (and counted), never fatal."""
         p = self.params
         r = msg.round
-        if msg.protocol != p.name or r != day:
+        if (not isinstance(msg, (CollectionRequest, Threshold)) or msg.protocol != p.name or r != day
+                or not self.guard.in_horizon(r)):
+            self.guard.ignore()
             return None, []
         here = np.ones(self.device_ids.size, bool) if present is None else present
         holdout = self.in_holdout(r) if p.threshold_round(r) else np.zeros(self.device_ids.size, bool)
         if isinstance(msg, Threshold):
+            if not p.plausible_theta(msg.theta):
+                self.guard.ignore()
+                return None, []
             # the broadcast theta applies from its round on; devices that missed it keep theirs (and say so)
             newer = here & (msg.version > self.version)
+            if not newer.any():
+                self.guard.ignore()
+                return None, []
             self.theta[newer], self.version[newer], self.from_round[newer] = msg.theta, msg.version, msg.round
-            return self._report(r, here & newer & ~holdout, values, now, holdout_stage=False)
-        if not isinstance(msg, CollectionRequest):
-            return None, []
+            return self._report(r, newer & ~holdout, values, now, holdout_stage=False)
         if p.threshold_round(r):
             return self._report(r, here & holdout, values, now, holdout_stage=True)
         return self._report(r, here & (self.version > 0), values, now, holdout_stage=False)
@@ -260,6 +285,10 @@ class ToplCollector:
         self._holdout_reports = 0
         return RoundResult(round=self.round, estimate=est, reports=res.reports, info=info)
 
+    def stages(self) -> list[tuple[str, _Stage]]:
+        """The report stages in protocol order: the holdout's SW reports, then the HM reports (with ``v``)."""
+        return [("holdout", self.holdout), ("report", self.reports)]
+
     def transcript_digest(self) -> str:
-        return hashlib.sha256((self.holdout.transcript_digest() + self.reports.transcript_digest()).encode()
-                              ).hexdigest()
+        """The canonical digest of both stages (protocols.transcript)."""
+        return transcript.digest(self.stages())

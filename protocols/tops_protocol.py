@@ -20,6 +20,7 @@ import numpy as np
 from protocols import keyed
 from protocols.base import RoundResult, check_params
 from protocols.collecting import Column, ReportCollector
+from protocols.guard import Guarantee, Guard, Limits
 from protocols.keyed import Purpose, stream_key
 from protocols.ledger import Charge
 from protocols.messages import CollectionRequest, ReportBatch
@@ -27,6 +28,7 @@ from protocols.tops import ToPS
 
 TOPS = "tops"
 CENTRAL_RELEASE = "central_release"
+CENTRAL_THRESHOLD = "central_threshold"  # a round-1 holdout value, used only to choose theta
 
 
 @dataclass(frozen=True)
@@ -56,8 +58,14 @@ class TopsParams:
     def threshold_round(self, r: int) -> bool:
         return r == 1
 
-    def make_devices(self, seed: int, device_ids: np.ndarray) -> "TopsDevices":
-        return TopsDevices(self, seed, device_ids)
+    def guarantee(self, horizon: int) -> Guarantee:
+        top = max(self.epsilon, self.threshold_epsilon)
+        return Guarantee((horizon - 1) * self.epsilon + top,
+                         f"(R - 1) x eps + max(eps, eps_threshold) = {horizon - 1} x {self.epsilon:g} + {top:g}",
+                         "event-level central DP of the public release (the collector is trusted and sees raw values)")
+
+    def make_devices(self, seed: int, device_ids: np.ndarray, limits: Limits | None = None) -> "TopsDevices":
+        return TopsDevices(self, seed, device_ids, limits)
 
     def make_collector(self, n_devices: int) -> "TopsCollector":
         return TopsCollector(self, n_devices)
@@ -69,24 +77,38 @@ class TopsParams:
         return math.nan
 
 
+def in_holdout(params: TopsParams, device_ids: np.ndarray) -> np.ndarray:
+    """The keyed round-1 holdout whose values choose theta (the collector draws the same)."""
+    return keyed.uniform(stream_key(params.seed, Purpose.HOLDOUT, 1), device_ids) < params.holdout
+
+
 class TopsDevices:
-    def __init__(self, params: TopsParams, seed: int, device_ids: np.ndarray) -> None:
+    """Raw values to the trusted collector, one a round. Charged the event-level guarantee of what is released
+    from each value: ``epsilon`` (``central_release``), or ``threshold_epsilon`` for a round-1 holdout value,
+    which only the noisy-max threshold choice sees (``central_threshold``)."""
+
+    def __init__(self, params: TopsParams, seed: int, device_ids: np.ndarray, limits: Limits | None = None) -> None:
         self.params, self.seed = params, int(seed)
         self.device_ids = np.ascontiguousarray(device_ids, dtype=np.uint64)
-        self.last_round = 0
+        self.guard = Guard(self.device_ids, limits)
 
     def respond(self, msg: CollectionRequest, day: int, values: np.ndarray, now: float,
                 present: np.ndarray | None = None) -> tuple[ReportBatch | None, list[Charge]]:
         p = self.params
-        if not isinstance(msg, CollectionRequest) or msg.protocol != p.name or msg.round != day \
-                or msg.round <= self.last_round:
+        if not isinstance(msg, CollectionRequest) or msg.protocol != p.name:
+            self.guard.ignore()
             return None, []
-        self.last_round = msg.round
-        rows = np.ones(self.device_ids.size, bool) if present is None else present
-        ids = self.device_ids[rows]
+        if not self.guard.admit(msg.round, day):
+            return None, []
+        rows = np.arange(self.device_ids.size) if present is None else np.flatnonzero(present)
+        hold = in_holdout(p, self.device_ids[rows]) if msg.round == 1 else np.zeros(rows.size, bool)
+        ok = self.guard.affordable(np.where(hold, p.threshold_epsilon, p.epsilon), rows)
+        rows, hold = rows[ok], hold[ok]
         x = np.clip(np.asarray(values, dtype=np.float64)[rows], 0.0, p.max_value)
-        return (ReportBatch(msg.round, p.name, ids.astype(np.uint32), {"x": x}),
-                [Charge(msg.round, now, CENTRAL_RELEASE, p.epsilon, ids)])
+        charges = [self.guard.charge(msg.round, now, CENTRAL_RELEASE, p.epsilon, rows[~hold])]
+        if hold.any():
+            charges.append(self.guard.charge(msg.round, now, CENTRAL_THRESHOLD, p.threshold_epsilon, rows[hold]))
+        return ReportBatch(msg.round, p.name, self.device_ids[rows].astype(np.uint32), {"x": x}), charges
 
 
 class TopsCollector(ReportCollector):
@@ -109,7 +131,7 @@ class TopsCollector(ReportCollector):
         x = reports["x"][:, 0]
         present = self._present_ids
         if self.tops.threshold is None:  # round 1: the holdout's values choose theta, then sit this round out
-            hold = keyed.uniform(stream_key(p.seed, Purpose.HOLDOUT, 1), present.astype(np.uint64)) < p.holdout
+            hold = in_holdout(p, present.astype(np.uint64))
             theta = self.tops.choose_threshold(x[hold])
             self.history.append((self.round, theta))
             x = x[~hold]

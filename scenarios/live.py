@@ -21,10 +21,11 @@ import numpy as np
 from agents.client import DeviceClient, DeviceDays
 from agents.world import World
 from collector import spill
+from collector.hostile import Hostility
 from collector.network import Traffic
 from collector.server import LiveCollector, LiveSettings
 from protocols.ledger import Ledger
-from scenarios.runner import RoundBook, RunResult, _event_logger
+from scenarios.runner import RoundBook, RunResult, _event_logger, guard_counts
 from scenarios.schema import Scenario
 
 
@@ -64,7 +65,7 @@ def build_server(sc: Scenario, ledger: Ledger, events: TextIO | None, settings: 
         book.close(t, result, close_time, server.stats.rejected)
 
     server = LiveCollector(protocol, sc.devices, sc.rounds // length, nominal_start, sc.network.deadline, settings,
-                           log, on_round_start, on_round_closed)
+                           log, on_round_start, on_round_closed, Hostility(sc.behavior, sc.protocol.max_value))
     return server, book, clock
 
 
@@ -74,7 +75,7 @@ def build_client(sc: Scenario, device_ids: np.ndarray, ledger: Ledger, host: str
     one per client would cost memory that grows with connections x devices)."""
     days = days or process_days(sc)
     return DeviceClient(sc.protocol, sc.seed, device_ids, sc.simulation.cohort_size, days.world, ledger,
-                        sc.network.deadline, sc.network.latency, host, port, days=days)
+                        sc.network.deadline, sc.network.latency, host, port, days=days, limits=sc.limits)
 
 
 def process_days(sc: Scenario) -> DeviceDays:
@@ -104,7 +105,9 @@ async def run_embedded(sc: Scenario, connections: int = 2, events: TextIO | None
         for task in tasks:
             task.cancel()
         await server.close()
-    return live_result(sc, server, book, ledger, time.perf_counter() - t0)
+    result = live_result(sc, server, book, ledger, time.perf_counter() - t0)
+    result.guards = guard_counts([cohort for c in clients for cohort in c.cohorts])
+    return result
 
 
 def live_result(sc: Scenario, server: LiveCollector, book: RoundBook, ledger: Ledger, wall: float) -> RunResult:
@@ -133,7 +136,9 @@ async def serve(sc: Scenario, host: str, port: int, events: TextIO | None = None
         await server.wait_for_clients_to_leave()
     finally:
         await server.close()
-    return live_result(sc, server, book, ledger, time.perf_counter() - t0)
+    result = live_result(sc, server, book, ledger, time.perf_counter() - t0)
+    result.extra["ledger"] = "device shards"  # each `ldpsim devices` process keeps its devices' ledger
+    return result
 
 
 async def devices(sc: Scenario, host: str, port: int, index: int, count: int, connections: int = 1) -> Ledger:

@@ -20,6 +20,7 @@ import structlog
 from agents.cohort import CohortAgent
 from agents.world import World
 from collector import spill
+from collector.hostile import Hostility
 from collector.network import Network
 from collector.process import CollectorProcess
 from protocols.ledger import Ledger
@@ -50,6 +51,7 @@ class RunResult:
     transcript_digest: str
     wall_seconds: float
     device_rejected: int
+    guards: dict[str, int] = field(default_factory=dict)  # device-side counters: refusals, ignored
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -82,6 +84,11 @@ def bucket_width(params: object) -> float:
     return params.max_value / k if k else 1.0
 
 
+def guard_counts(devices: list[Any]) -> dict[str, int]:
+    """The device sides' enforcement counters, summed: reports refused for the budget, messages ignored."""
+    return {"refusals": sum(d.guard.refusals for d in devices), "ignored": sum(d.guard.ignored for d in devices)}
+
+
 def cohort_slices(n: int, size: int) -> list[tuple[int, int]]:
     return [(lo, min(lo + size, n)) for lo in range(0, n, size)]
 
@@ -99,10 +106,11 @@ def run(scenario: Scenario, events: TextIO | None = None,
     network = Network(env, sc.network, sc.seed)
     protocol = sc.protocol.make_collector(sc.devices)
 
-    collector = CollectorProcess(env, protocol, network, [], sc.network.deadline, log)
+    collector = CollectorProcess(env, protocol, network, [], sc.network.deadline, log,
+                                 Hostility(sc.behavior, sc.protocol.max_value))
     cohorts = []
     for lo, hi in cohort_slices(sc.devices, sc.simulation.cohort_size):
-        device = sc.protocol.make_devices(sc.seed, np.arange(lo, hi))
+        device = sc.protocol.make_devices(sc.seed, np.arange(lo, hi), sc.limits)
         cohorts.append(CohortAgent(env, device, world, network, ledger, collector.deliver,
                                    sc.simulation.round_seconds))
     collector.cohort_inboxes.extend(c.inbox for c in cohorts)
@@ -128,13 +136,23 @@ def run(scenario: Scenario, events: TextIO | None = None,
             book.close(t, result, env.now, collector.stats.rejected)
             if progress is not None:
                 progress(r, sc.rounds)
+        for t in collector.hostility.extra_rounds(sc.collections):  # a hostile collector asking for more
+            for r in range((t - 1) * book.epoch_length + 1, t * book.epoch_length + 1):
+                start = (r - 1) * sc.simulation.round_seconds
+                if env.now < start:
+                    yield env.timeout(start - env.now)
+                world.advance_to(r)
+                for cohort in observers:
+                    cohort.observe(r)
+            yield env.process(collector.run_round(t))
+            log.info("round_beyond_horizon", round=t, reports=collector.stats.reports_accepted)
 
     done = env.process(clock())
     env.run(until=done)
     wall = time.perf_counter() - t0
     log.info("run_finished", wall_seconds=wall, messages_rejected=collector.stats.rejected)
     return RunResult(sc, book.records, ledger, world, collector, network, protocol.transcript_digest(), wall,
-                     sum(c.rejected for c in cohorts))
+                     sum(c.rejected for c in cohorts), guard_counts([c.device for c in cohorts]))
 
 
 class RoundBook:

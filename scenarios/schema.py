@@ -7,6 +7,7 @@ types and inconsistent values are errors; nothing is silently ignored.
 
 from __future__ import annotations
 
+import difflib
 import math
 import tomllib
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ import numpy as np
 from agents.world import Change, Dist, Group, split_shares
 from collector.network import NetworkParams
 from protocols.base import ProtocolParams
+from protocols.guard import Limits
 from protocols.baselines import KFLIP, LAPLACE, KFlipParams, LaplaceParams
 from protocols.dbitflip import BINFLIP, DBITFLIP, DBITFLIPPM, DBitFlipParams
 from protocols.epochrr import EPOCHRR, EpochRRParams
@@ -29,6 +31,9 @@ from protocols.topl import TOPL, ToplParams
 from protocols.tops_protocol import TOPS, TopsParams
 
 SHIPPED = Path(__file__).resolve().parent
+#: collector behaviors a scenario can ask for: the honest collector, and adversaries for audits (the devices'
+#: guarantees must hold against each). ``always_update`` is THRESH's; the others apply to every protocol.
+BEHAVIORS = ("honest", "always_update", "beyond_horizon", "replay", "far_future", "bad_threshold")
 PROTOCOLS = (NAIVE, MEMOIZED, DBITFLIP, DBITFLIPPM, BINFLIP, KFLIP, LAPLACE, MULTI, THRESH, EPOCHRR, TOPL, TOPS)
 
 
@@ -56,6 +61,18 @@ class Scenario:
     description: str = ""
     raw: dict[str, Any] = field(default_factory=dict, repr=False)  # the validated input, for the run directory
     warnings: list[str] = field(default_factory=list)  # valid but probably not what was meant
+    budget: float | None = None  # [privacy] budget: total epsilon per device, enforced by the devices
+    behavior: str = "honest"  # [collector] behavior
+
+    @property
+    def collections(self) -> int:
+        """Collection rounds of the run: rounds, or epochs for protocols that collect once per epoch."""
+        return self.rounds // int(getattr(self.protocol, "epoch_length", 1))
+
+    @property
+    def limits(self) -> Limits:
+        """What every device enforces: the horizon (last collection round) and the budget."""
+        return Limits(horizon=self.collections, budget=self.budget)
 
 
 # ----------------------------------------------------------------------------------------------- helpers
@@ -74,6 +91,7 @@ class _Table:
         self.used.add(key)
         if key not in self.data:
             if default is ...:
+                self._unknown_near(key)
                 raise ScenarioError(f"{self.path(key)}: required")
             return default
         v = self.data[key]
@@ -97,10 +115,18 @@ class _Table:
             return _Table({}, self.path(key))
         return _Table(self.data[key], self.path(key))
 
+    def _unknown_near(self, key: str) -> None:
+        """A required key is missing: a misspelled key given instead is the real error, so name it."""
+        close = difflib.get_close_matches(key, sorted(set(self.data) - self.used), n=1, cutoff=0.75)
+        if close:
+            raise ScenarioError(f"{self.path(close[0])}: unknown key (did you mean {key}?)")
+
     def done(self) -> None:
         extra = sorted(set(self.data) - self.used)
         if extra:
-            raise ScenarioError(f"{self.path(extra[0])}: unknown key")
+            close = difflib.get_close_matches(extra[0], sorted(self.used), n=1, cutoff=0.75)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise ScenarioError(f"{self.path(extra[0])}: unknown key{hint}")
 
 
 def _dist(t: _Table) -> Dist:
@@ -316,14 +342,18 @@ def parse(data: dict[str, Any]) -> Scenario:
         changes.append(Change(rnd, group, counter, jitter, fraction))
 
     ct = top.table("collector", default=None)
-    behavior = ct.get("behavior", str, "honest", check=lambda v: v in ("honest", "always_update"),
-                      what='"honest" or "always_update"')
+    behavior = ct.get("behavior", str, "honest", check=lambda v: v in BEHAVIORS, what=f"one of {list(BEHAVIORS)}")
     ct.done()
+    pv = top.table("privacy", default=None)
+    budget = pv.get("budget", float, None, check=_positive, what="a total epsilon > 0")
+    pv.done()
     sizes = np.diff(split_shares(devices, [g.share for g in groups]))
     protocol = _protocol(top.table("protocol"), {"rounds": rounds, "devices": devices, "groups": len(groups),
                                                  "seed": seed,
-                                                 "smallest_group": int(sizes.min()), "behavior": behavior})
-    if behavior != "honest" and protocol.name != THRESH:
+                                                 "smallest_group": int(sizes.min()),
+                                                 "behavior": "always_update" if behavior == "always_update"
+                                                 else "honest"})
+    if behavior == "always_update" and protocol.name != THRESH:
         raise ScenarioError(f"collector.behavior: {behavior!r} is only defined for {THRESH}")
     if protocol.name in (THRESH, EPOCHRR):
         for i, g in enumerate(groups):
@@ -362,7 +392,8 @@ def parse(data: dict[str, Any]) -> Scenario:
                             f"simulation.round_seconds ({sim.round_seconds:g} s)")
     top.done()
     warnings += [f"protocol: {w}" for w in getattr(protocol, "warnings", [])]
-    return Scenario(name, seed, rounds, devices, groups, changes, protocol, net, sim, description, data, warnings)
+    return Scenario(name, seed, rounds, devices, groups, changes, protocol, net, sim, description, data, warnings,
+                    budget, behavior)
 
 
 def _parse_value(text: str) -> Any:
