@@ -8,12 +8,12 @@ batch is taken whole or not at all (:class:`~protocols.base.ProtocolError`).
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 
+from protocols import transcript as canonical
 from protocols.base import ProtocolError, RoundResult
 from protocols.messages import CollectionRequest, ReportBatch
 
@@ -22,7 +22,6 @@ SPILL_BYTES = 256 << 20  # in-memory transcript beyond which round records go to
 #: record and returning an object with ``shape`` and ``rows(lo, hi)``. The runtime installs one (e.g.
 #: collector.spill.TempFileSpill); None keeps everything in memory. protocols/ itself does no I/O.
 spill_to: "Callable[[np.ndarray], Any] | None" = None
-DIGEST_BLOCK = 1 << 16  # devices hashed at a time (bounded memory for the device-major transcript); a multiple of 8
 
 
 @dataclass(frozen=True)
@@ -63,6 +62,7 @@ class ReportCollector:
         self._present: np.ndarray | None = None
         self._data: dict[str, np.ndarray] = {}
         self.transcript: list[tuple[int, np.ndarray]] = []  # (round, uint8 record per device)
+        self.report_counts: list[int] = []  # reports delivered in each transcript round
         self._names = {c.name for c in self.columns}
         self._bits_only = all(np.dtype(c.dtype) == np.uint8 and c.high == 1 for c in self.columns)
         self._kept_bytes = 0
@@ -129,6 +129,7 @@ class ReportCollector:
             record = spill_to(record)
         self._kept_bytes += record.nbytes if isinstance(record, np.ndarray) else 0
         self.transcript.append((self.round, record))
+        self.report_counts.append(count)
         self._present, self._data = None, {}
         return RoundResult(round=self.round, estimate=est, reports=count)
 
@@ -139,16 +140,19 @@ class ReportCollector:
     def empty_estimate(self) -> float | np.ndarray:
         return float("nan")
 
+    def stages(self) -> list[tuple[str, "ReportCollector"]]:
+        """The collector's report stages in protocol order, each with its stored transcript: one, "report"."""
+        return [("report", self)]
+
     def transcript_digest(self) -> str:
-        """sha256 of every device's reports in (device, round) order: per round a presence byte, then the
-        report's column values (little-endian; zeros when absent)."""
-        h = hashlib.sha256()
-        h.update(np.array([r for r, _ in self.transcript], dtype="<i8").tobytes())
-        records = [rec for _, rec in self.transcript]
-        for lo in range(0, self.n_devices if records else 0, DIGEST_BLOCK):
-            rows = [self._rows(rec, lo, min(lo + DIGEST_BLOCK, self.n_devices)) for rec in records]
-            h.update(np.ascontiguousarray(np.stack(rows, axis=1)).data)
-        return h.hexdigest()
+        """The canonical transcript digest of :meth:`stages` (protocols.transcript): per stage its name, row
+        count and column schema, then every delivered report in (device, round) order."""
+        return canonical.digest(self.stages())
+
+    def record_rows(self, record: Any, lo: int, hi: int) -> np.ndarray:
+        """Devices lo..hi-1 of a stored round record as (devices, 1 + payload) uint8: a presence byte, then the
+        report's column values (little-endian, in column order; zeros when absent). ``lo`` a multiple of 8."""
+        return self._rows(record, lo, hi)
 
     def _rows(self, record: Any, lo: int, hi: int) -> np.ndarray:
         """Devices lo..hi-1 of a stored round record, unpacked (lo a multiple of 8 when packed)."""

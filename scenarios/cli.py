@@ -15,6 +15,20 @@ from pathlib import Path
 from scenarios.schema import ScenarioError, load
 
 
+#: what a run directory holds; ``--force`` removes these (and only these) before a new run writes there
+RUN_FILES = ("summary.json", "scenario.json", "audit.json", "*.jsonl", "*.csv", "*.png", "*.parquet")
+
+
+def clear_previous_run(out: Path) -> None:
+    """Remove every file of a previous run in ``out`` (summary.json first: the old run stops being complete),
+    so no table of the old run can sit beside the new summary. Files of other kinds are left alone."""
+    (out / "summary.json").unlink(missing_ok=True)
+    for pattern in RUN_FILES:
+        for path in out.glob(pattern):
+            if path.is_file():
+                path.unlink()
+
+
 def _progress_bar(total: int, enabled: bool):
     if not enabled:
         return None, lambda: None
@@ -42,7 +56,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ScenarioError(f"--out {out}: cannot create the run directory: {exc.strerror or exc}") from None
-    (out / "summary.json").unlink(missing_ok=True)  # --force: the old run stops being complete from here on
+    clear_previous_run(out)
 
     from scenarios import output, runner  # heavy imports after the arguments are known to be good
 
@@ -52,7 +66,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     with open(out / "events.jsonl", "w", encoding="utf-8") as events:
         result = runner.run(scenario, events=events, progress=update)
     close()
-    summary = output.write_run_dir(result, out, ledger_rows=not args.no_ledger_rows)
+    summary = output.write_run_dir(result, out, ledger_rows=not args.no_ledger_rows, transcript=args.transcript)
     err, eps = summary["error"], summary["epsilon"]
     print(f"mean |error| {err['mean_abs']:.4g}, max |error| {err['max_abs']:.4g}; per-device spend: "
           f"max {eps['max']:.4g}, mean {eps['mean']:.4g}, p99 {eps['p99']:.4g}; "
@@ -99,7 +113,7 @@ def _live_out(args: argparse.Namespace, name: str, suffix: str) -> Path:
     if (out / "summary.json").exists() and not args.force:
         raise ScenarioError(f"--out {out}: holds a finished run; pass --force to overwrite it or choose another")
     out.mkdir(parents=True, exist_ok=True)
-    (out / "summary.json").unlink(missing_ok=True)
+    clear_previous_run(out)
     return out
 
 
@@ -156,10 +170,21 @@ def cmd_devices(args: argparse.Namespace) -> int:
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        output.write_ledger_csv(out / f"ledger-shard-{index}-of-{count}.csv", ledger.rows())
+        from scenarios import tables
+
+        path = out / f"ledger-shard-{index}-of-{count}.parquet"
+        tables.write_ledger(path, ledger.rows())
+        print(f"shard {index}/{count}: ledger -> {path} (ldpsim audit RUN_DIR --ledger {path} ...)", file=sys.stderr)
     spent = ledger.spend[ledger.spend > 0]
     print(f"shard {index}/{count}: done; per-device spend max {spent.max() if spent.size else 0:.4g}")
     return 0
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    """Check a finished run device by device against the reference models (scenarios/audit.py)."""
+    from scenarios import audit
+
+    return audit.main(args.run_dir, args.devices, args.ledger, args.json)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -173,7 +198,11 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--force", action="store_true", help="overwrite a finished run in --out")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.add_argument("--no-ledger-rows", action="store_true",
-                     help="skip ledger.csv (one row per device and charge); spend.csv is always written")
+                     help="skip ledger.parquet and ledger.csv (one row per device and charge); spend.parquet is "
+                          "always written")
+    run.add_argument("--transcript", choices=("always", "auto", "never"), default="auto",
+                     help="write transcript.parquet (one row per delivered report): auto (default) when devices x "
+                          "rounds <= 50,000,000")
     run.add_argument("--json", action="store_true", help="also print summary.json")
     run.set_defaults(func=cmd_run)
     cmp_ = sub.add_parser("compare", help="a THRESH scenario against naive per-epoch randomized response at "
@@ -233,6 +262,23 @@ def parser() -> argparse.ArgumentParser:
     sw.add_argument("--force", action="store_true", help="start over in --out, even if it holds another sweep")
     sw.add_argument("--quiet", action="store_true", help="no progress bar")
     sw.set_defaults(func=cmd_sweep)
+
+    au = sub.add_parser(
+        "audit", help="check a finished run: replay its devices through reference models",
+        description="Rebuild each audited device's values from the scenario and seed, replay it through a "
+                    "plain reference model against the recorded broadcasts (downlink.jsonl), and compare with "
+                    "transcript.parquet, ledger.parquet and summary.json (digest, guarantee, budget). Writes "
+                    "RUN_DIR/audit.json; exit status 0 when everything agrees, 1 when not, 2 for a run "
+                    "directory that cannot be audited.")
+    au.add_argument("run_dir", metavar="RUN_DIR", help="a finished run directory (ldpsim run --out)")
+    au.add_argument("--devices", metavar="N|all",
+                    help="audit a keyed sample of N devices, or all (default: all up to 100,000, else a keyed "
+                         "sample of 100,000)")
+    au.add_argument("--ledger", action="append", default=[], metavar="PATH",
+                    help="a ledger.parquet written by a device shard (ldpsim devices --out); repeatable; "
+                         "replaces RUN_DIR's ledger")
+    au.add_argument("--json", action="store_true", help="print audit.json (and no progress bar)")
+    au.set_defaults(func=cmd_audit)
     return ap
 
 

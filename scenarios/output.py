@@ -15,6 +15,8 @@ import numpy as np
 from scenarios import plots
 from scenarios.metrics import error_summary, range_mse, range_queries, round_metrics
 from scenarios.runner import RunResult, bucket_width
+from scenarios import tables
+from scenarios.tables import atomic_path
 
 
 CSV_CHUNK = 200_000
@@ -30,9 +32,9 @@ def _fmt(col: np.ndarray | Sequence) -> list[str]:
 
 
 def write_csv(path: Path, header: Sequence[str], columns: Sequence[np.ndarray | Sequence]) -> None:
-    """A plain CSV (pandas, polars and spreadsheets read it) from aligned columns."""
+    """A plain CSV (pandas, polars and spreadsheets read it) from aligned columns, written atomically."""
     n = len(columns[0]) if columns else 0
-    with open(path, "w", encoding="utf-8", newline="\n") as f:
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8", newline="\n") as f:
         f.write(",".join(header) + "\n")
         for lo in range(0, n, CSV_CHUNK):  # chunked: a row as Python strings costs ~60 bytes a field
             rows = zip(*(_fmt(c[lo:lo + CSV_CHUNK]) for c in columns))
@@ -40,9 +42,9 @@ def write_csv(path: Path, header: Sequence[str], columns: Sequence[np.ndarray | 
 
 
 def write_ledger_csv(path: Path, chunks: Iterable[dict]) -> int:
-    """Long-form ledger: one row per (device, charge): device, round, time, reason, amount."""
+    """Long-form ledger: one row per (device, charge): device, round, time, reason, amount (atomically)."""
     rows = 0
-    with open(path, "w", encoding="utf-8", newline="\n") as f:
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8", newline="\n") as f:
         f.write("device,round,time,reason,amount\n")
         for ch in chunks:
             devices = ch["devices"]
@@ -85,18 +87,27 @@ def spend_by_reason(result: RunResult) -> dict[str, np.ndarray]:
 
 
 def _thresh_summary(result: RunResult) -> dict:
+    """THRESH's updates, caps and constants. From the ledger: the share of devices that booked a vote reserve
+    (their first data-dependent vote; protocols/thresh.py), the share whose estimate cap is reached (K_E
+    truthful estimates), the largest reserve and the largest estimate spend."""
+    from protocols.thresh import THRESH_ESTIMATE, THRESH_VOTE_RESERVE
+
     p = result.scenario.protocol
     by = spend_by_reason(result)
-    cv, ce = (by.get(k, np.zeros(result.scenario.devices)) for k in ("thresh_vote", "thresh_estimate"))
-    reached = (lambda c, step: c >= p.cap - 1e-12) if p.cap_rule == "paper" else (lambda c, step: c + step > p.cap)
+    zeros = np.zeros(result.scenario.devices)
+    reserve, ce = by.get(THRESH_VOTE_RESERVE, zeros), by.get(THRESH_ESTIMATE, zeros)
+    full = p.estimate_noise * p.estimate_cap_count
     return {
         "updates": int(sum(bool(r.info.get("global_update")) for r in result.rounds)),
         "update_epochs": [r.round for r in result.rounds if r.info.get("global_update")],
-        "caps": {"cap": p.cap, "vote_cap_reached": float(np.mean(reached(cv, p.vote_noise))),
-                 "estimate_cap_reached": float(np.mean(reached(ce, p.estimate_noise))),
-                 "vote_spend_max": float(cv.max()), "estimate_spend_max": float(ce.max())},
+        "caps": {"cap": p.cap, "vote_cap_count": p.vote_cap_count, "estimate_cap_count": p.estimate_cap_count,
+                 "vote_reserve_booked": float(np.mean(reserve > 0)) if reserve.size else 0.0,
+                 "estimate_cap_reached": float(np.mean(ce >= full - 1e-9)) if ce.size else 0.0,
+                 "vote_reserve_max": float(reserve.max(initial=0.0)),
+                 "estimate_spend_max": float(ce.max(initial=0.0))},
         "thresh": {"a": p.vote_noise, "b": p.estimate_noise, "taus": p.taus.tolist(),
-                   "vote_threshold": p.vote_threshold, "guarantee": p.guarantee,
+                   "vote_threshold": p.vote_threshold, "guarantee": float(p.total_epsilon),
+                   "guarantee_derivation": p.guarantee_derivation,
                    "theorem_4_3_bound": _theorem_bound(p), "problems": p.problems()},
     }
 
@@ -137,6 +148,71 @@ def _stream_summary(result: RunResult, truth: np.ndarray, est: np.ndarray) -> di
     }
 
 
+def write_downlink(result: RunResult, out: Path) -> None:
+    """downlink.jsonl: every collector broadcast in order (honest and hostile), with its simulated send time:
+    the other half of the transcript, which an audit replays the devices against."""
+    records = getattr(result.collector, "downlink", [])
+    tmp = out / "downlink.jsonl.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+    tmp.replace(out / "downlink.jsonl")
+
+
+def draw_spend(result: RunResult, path: Path) -> None:
+    """spend.png, labelled with the kind of number the ledger holds and the run's guarantee; for memoized
+    protocols the worst-case loss against any device is stated apart, never drawn beside the spend."""
+    sc = result.scenario
+    g = sc.protocol.guarantee(sc.collections)
+    label, note = "cumulative ε per device", ""
+    if g.worst_case is not None:
+        label = "within-pattern ε (pattern width × ε)"
+        value, exact, method = g.worst_case
+        shown = f"{value:.3g}" if np.isfinite(value) else "unbounded"
+        note = (f"Not on this plot: the worst-case loss against any other device's transcript over the whole run "
+                f"is {shown} ({'exact' if exact else 'upper bound'}; {method}).")
+    plots.spend_plot(path, result.ledger.history, result.ledger.spend, f"per-device spend: {sc.protocol.name}",
+                     label, (g.value, f"guarantee {g.value:.3g}"), note)
+
+
+def _finite(x: float) -> float | None:
+    """JSON has no infinity: an unbounded figure is written as null beside ``"bounded": false``."""
+    return float(x) if np.isfinite(x) else None
+
+
+def privacy_summary(result: RunResult) -> dict:
+    """What each device was promised and what it spent: the protocol's guarantee for this run (with its
+    derivation and scope), the per-report guarantee, the budget and horizon the devices enforced, the devices'
+    refusals and ignored messages, and, for memoized protocols, the worst-case loss against any other device
+    (a different kind of number from the within-pattern spend, named as such)."""
+    sc = result.scenario
+    g = sc.protocol.guarantee(sc.collections)
+    kept = result.extra.get("ledger", "this run") == "this run"
+    spend = result.ledger.spend
+    max_spend = float(spend.max()) if kept and spend.size else None
+    out: dict = {
+        "guarantee": g.value, "derivation": g.derivation, "scope": g.scope,
+        "round_epsilon": float(sc.protocol.round_epsilon),
+        "budget": sc.budget, "horizon": sc.collections, "collector_behavior": sc.behavior,
+        "ledger": "this run" if kept else "device shards",
+        "max_spend": max_spend,
+        "within_guarantee": None if max_spend is None else bool(max_spend <= g.value * (1 + 1e-9) + 1e-12),
+        "within_budget": (None if max_spend is None or sc.budget is None
+                          else bool(max_spend <= sc.budget * (1 + 1e-9) + 1e-12)),
+        "refusals": result.guards.get("refusals") if kept else None,
+        "ignored_messages": result.guards.get("ignored") if kept else None,
+    }
+    if g.worst_case is not None:
+        value, exact, method = g.worst_case
+        out["worst_case_loss"] = {"value": _finite(value), "bounded": bool(np.isfinite(value)), "exact": exact,
+                                  "method": method,
+                                  "meaning": "largest log-ratio between this transcript's probability under any two "
+                                             "devices' inputs over the whole run (not within a behavior pattern)"}
+        out["within_pattern_spend"] = {"guarantee": g.value, "max": max_spend,
+                                       "meaning": "pattern width x eps: indistinguishable from devices with the "
+                                                  "same behavior pattern (Theorem 4)"}
+    return out
+
+
 def summary(result: RunResult) -> dict:
     sc, recs = result.scenario, result.rounds
     k = width_of(sc.protocol)
@@ -153,12 +229,14 @@ def summary(result: RunResult) -> dict:
         "parameters": {**dataclasses.asdict(sc.protocol), "round_epsilon": sc.protocol.round_epsilon},
         "error": {**error_summary(sc.protocol.kind, truth, est, bucket_width(sc.protocol)),
                   **(_range_errors(sc, truth, est) if sc.protocol.kind == "stream" else {})},
-        "epsilon": result.ledger.summary(),
-        "round_epsilon_max": float(result.ledger.round_epsilon.max()) if sc.devices else 0.0,
+        "epsilon": result.ledger.summary() if result.extra.get("ledger", "this run") == "this run" else None,
+        "round_epsilon_max": float(sc.protocol.round_epsilon),
+        "privacy": privacy_summary(result),
         "messages": {"sent": traffic.messages_sent, "delivered": traffic.messages_delivered,
                      "rejected": stats.rejected, "late": stats.late,
                      "rejected_by_devices": result.device_rejected},
-        "reports": {"sent": traffic.reports_sent, "lost": traffic.reports_lost,
+        "reports": {"sent": traffic.reports_sent + traffic.reports_lost, "delivered": traffic.reports_sent,
+                    "lost": traffic.reports_lost,
                     "accepted": stats.reports_accepted},
         "clipped_values": int(sum(r.clipped for r in recs)),
         **(_thresh_summary(result) if sc.protocol.name == "thresh" else {}),
@@ -229,23 +307,95 @@ def _write_estimates(result: RunResult, out: Path) -> None:
                          [c.round for c in sc.changes])
 
 
-def write_run_dir(result: RunResult, out: Path, ledger_rows: bool = True) -> dict:
-    """Write every file of the run directory except events.jsonl (streamed during the run)."""
+TRANSCRIPT_AUTO_LIMIT = 50_000_000  # --transcript auto: transcript.parquet when devices x rounds is at most this
+CSV_DEVICE_LIMIT = 100_000  # ledger.csv and spend.csv (beside the Parquet tables) for at most this many devices
+TRANSCRIPT_POLICIES = ("always", "auto", "never")
+
+
+def _write_text(path: Path, text: str) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def _skipped(out: Path, name: str, why: str) -> dict:
+    (out / name).unlink(missing_ok=True)  # --force over an older run: no stale copy stays behind
+    return {"written": False, "why": why}
+
+
+def _ledger_here(result: RunResult) -> bool:
+    return result.extra.get("ledger", "this run") == "this run"
+
+
+def write_tables(result: RunResult, out: Path, ledger_rows: bool = True, transcript: str = "auto") -> dict:
+    """spend.parquet (+ spend.csv), ledger.parquet (+ ledger.csv) and transcript.parquet, each atomically; returns
+    summary.json's ``files``: for each, written (with rows and bytes) or why not."""
+    if transcript not in TRANSCRIPT_POLICIES:
+        raise ValueError(f"transcript must be one of {TRANSCRIPT_POLICIES}, got {transcript!r}")
+    sc, led, files = result.scenario, result.ledger, {}
+    small = sc.devices <= CSV_DEVICE_LIMIT
+    if not _ledger_here(result):  # `ldpsim serve`: the device processes keep the ledger, this run has none
+        for name in (tables.SPEND, "spend.csv", "spend_over_time.csv", tables.LEDGER, "ledger.csv"):
+            files[name] = _skipped(out, name, "the ledger is kept by the device shards (ldpsim devices --out)")
+        ledger_rows = False
+    csv_why = f"more than {CSV_DEVICE_LIMIT:,} devices: see the .parquet table"
+    ids = np.arange(sc.devices)
+    group_index, names = result.world.group_of(ids), [g.name for g in sc.groups]
+    if _ledger_here(result):
+        # the per-report guarantee of every report a device sends (at least the protocol's; larger where a
+        # non-cumulative per-report charge recorded more)
+        round_eps = np.maximum(led.round_epsilon, float(sc.protocol.round_epsilon))
+        tables.write_spend(out / tables.SPEND, group_index, names, led.spend, round_eps)
+        files[tables.SPEND] = {"written": True, "rows": int(sc.devices),
+                               "bytes": (out / tables.SPEND).stat().st_size}
+        if small:
+            write_csv(out / "spend.csv", ["device", "group", "spend", "round_epsilon"],
+                      [ids, np.array(names)[group_index], led.spend, round_eps])
+            files["spend.csv"] = {"written": True, "rows": int(sc.devices)}
+        else:
+            files["spend.csv"] = _skipped(out, "spend.csv", csv_why)
+    if ledger_rows:
+        n = tables.write_ledger(out / tables.LEDGER, led.rows())
+        files[tables.LEDGER] = {"written": True, "rows": n, "bytes": (out / tables.LEDGER).stat().st_size}
+        files["ledger.csv"] = ({"written": True, "rows": write_ledger_csv(out / "ledger.csv", led.rows())} if small
+                               else _skipped(out, "ledger.csv", csv_why))
+    elif _ledger_here(result):
+        for name in (tables.LEDGER, "ledger.csv"):
+            files[name] = _skipped(out, name, "--no-ledger-rows")
+    size = sc.devices * sc.rounds
+    collector = getattr(result.collector, "protocol", None)
+    if not hasattr(collector, "stages"):
+        files[tables.TRANSCRIPT] = _skipped(out, tables.TRANSCRIPT, "the collector keeps no report stages")
+    elif transcript == "never" or (transcript == "auto" and size > TRANSCRIPT_AUTO_LIMIT):
+        why = ("--transcript never" if transcript == "never" else
+               f"devices x rounds = {size:,} > {TRANSCRIPT_AUTO_LIMIT:,} (--transcript auto; use always)")
+        files[tables.TRANSCRIPT] = _skipped(out, tables.TRANSCRIPT, why)
+    else:
+        files[tables.TRANSCRIPT] = {"written": True,
+                                    **tables.write_transcript(out / tables.TRANSCRIPT, collector, sc.protocol.name)}
+    return files
+
+
+def write_run_dir(result: RunResult, out: Path, ledger_rows: bool = True, transcript: str = "auto") -> dict:
+    """Write every file of the run directory except events.jsonl (streamed during the run). ``ledger_rows``:
+    write the ledger tables; ``transcript``: "always", "auto" (when devices x rounds <= TRANSCRIPT_AUTO_LIMIT)
+    or "never" writes transcript.parquet. Every file is written under a temporary name and moved into place."""
     out.mkdir(parents=True, exist_ok=True)
     sc = result.scenario
     _write_estimates(result, out)
     led = result.ledger
-    ids = np.arange(sc.devices)
-    write_csv(out / "spend.csv", ["device", "group", "spend", "round_epsilon"],
-              [ids, np.array([g.name for g in sc.groups])[result.world.group_of(ids)], led.spend,
-               led.round_epsilon])
+    files = write_tables(result, out, ledger_rows, transcript)
     hist = led.history
     keys = ["round", "min", "mean", "p50", "p90", "p99", "max"]
-    write_csv(out / "spend_over_time.csv", keys, [np.array([h[k] for h in hist]) for k in keys])
-    if ledger_rows:
-        write_ledger_csv(out / "ledger.csv", led.rows())
-    (out / "scenario.json").write_text(json.dumps(sc.raw, indent=2) + "\n", encoding="utf-8")
-    plots.spend_plot(out / "spend.png", hist, led.spend, f"per-device spend: {sc.protocol.name}")
+    if _ledger_here(result):
+        write_csv(out / "spend_over_time.csv", keys, [np.array([h[k] for h in hist]) for k in keys])
+        files["spend_over_time.csv"] = {"written": True, "rows": len(hist)}
+        with atomic_path(out / "spend.png") as tmp:
+            draw_spend(result, tmp)
+    else:
+        (out / "spend.png").unlink(missing_ok=True)
+    _write_text(out / "scenario.json", json.dumps(sc.raw, indent=2) + "\n")
+    write_downlink(result, out)
     s = summary(result)
-    (out / "summary.json").write_text(json.dumps(s, indent=2) + "\n", encoding="utf-8")
+    s["files"] = files
+    _write_text(out / "summary.json", json.dumps(s, indent=2) + "\n")
     return s

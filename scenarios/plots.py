@@ -34,8 +34,13 @@ def estimates_plot(path: Path, rounds: np.ndarray, truth: np.ndarray, estimate: 
     plt.close(fig)
 
 
-def spend_plot(path: Path, history: list[dict[str, float]], final: np.ndarray, title: str) -> None:
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2), width_ratios=(1.6, 1))
+def spend_plot(path: Path, history: list[dict[str, float]], final: np.ndarray, title: str,
+               label: str = "cumulative ε per device", guarantee: tuple[float, str] | None = None,
+               note: str = "") -> None:
+    """Spend over time and at the end. ``label`` names the kind of number the ledger holds (e.g. within-
+    pattern spend for memoized protocols); ``guarantee`` (value, label) is drawn as a line; ``note`` is
+    printed under the plot (e.g. the worst-case loss, a different kind of number, stated apart)."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.6 if note else 4.2), width_ratios=(1.6, 1))
     r = np.array([h["round"] for h in history])
     if r.size:
         get = lambda k: np.array([h[k] for h in history])  # noqa: E731
@@ -43,8 +48,10 @@ def spend_plot(path: Path, history: list[dict[str, float]], final: np.ndarray, t
         left.fill_between(r, get("p50"), get("p99"), color="tab:purple", alpha=0.25, label="p50–p99")
         left.plot(r, get("p50"), color="tab:purple", lw=2, label="median")
         left.plot(r, get("mean"), color="black", ls="--", lw=1, label="mean")
+    if guarantee is not None:
+        left.axhline(guarantee[0], color="tab:red", ls=":", lw=1.2, label=guarantee[1])
     left.set_xlabel("round")
-    left.set_ylabel("cumulative ε per device")
+    left.set_ylabel(label)
     left.set_title(title)
     left.legend(loc="upper left", fontsize=8)
     values, counts = np.unique(np.round(final, 9), return_counts=True)
@@ -53,10 +60,12 @@ def spend_plot(path: Path, history: list[dict[str, float]], final: np.ndarray, t
         right.tick_params(axis="x", labelrotation=45 if values.size > 8 else 0)
     else:
         right.hist(final, bins=40, weights=np.full(final.size, 1 / max(final.size, 1)), color="tab:purple")
-    right.set_xlabel("final cumulative ε")
+    right.set_xlabel(f"final: {label}")
     right.set_ylabel("share of devices")
     right.set_title("spend at the end")
-    fig.tight_layout()
+    if note:
+        fig.text(0.01, 0.01, note, fontsize=8, color="dimgray")
+    fig.tight_layout(rect=(0, 0.05 if note else 0, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 

@@ -165,9 +165,10 @@ def test_serve_and_device_shards_in_separate_processes(tmp_path) -> None:
     """`ldpsim serve` and two `ldpsim devices --shard I/2` processes over 127.0.0.1: the server's run directory
     has the simulated run's transcript and estimates digests, and the shards' ledgers add up to the
     simulated ledger's spend."""
-    import csv
     import json
     import socket
+
+    import pandas as pd
     import subprocess
     import sys
 
@@ -194,7 +195,14 @@ def test_serve_and_device_shards_in_separate_processes(tmp_path) -> None:
     assert got["digests"]["transcript"] == sim["digests"]["transcript"]
     assert got["digests"]["estimates"] == sim["digests"]["estimates"]
     spend = np.zeros(sc.devices)
-    for f in sorted((tmp_path / "dev").glob("ledger-shard-*.csv")):
-        for row in csv.DictReader(open(f)):
-            spend[int(row["device"])] += float(row["amount"])
+    shards = sorted((tmp_path / "dev").glob("ledger-shard-*.parquet"))
+    assert len(shards) == 2
+    for f in shards:
+        table = pd.read_parquet(f)
+        np.add.at(spend, table["device"].to_numpy(), table["amount"].to_numpy())
     np.testing.assert_allclose(spend, sim_result.ledger.spend)
+    # the collector-only run directory says where the ledger is, and shows no spend it does not have
+    assert got["privacy"]["ledger"] == "device shards"
+    assert got["epsilon"] is None and got["privacy"]["max_spend"] is None
+    assert not (tmp_path / "srv" / "spend.png").exists()
+    assert not list((tmp_path / "srv").glob("spend*")) and not list((tmp_path / "srv").glob("ledger*"))

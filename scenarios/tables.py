@@ -1,0 +1,286 @@
+"""Run-directory tables in Apache Parquet (pyarrow): transcript.parquet, ledger.parquet, spend.parquet; the
+readers an auditor uses; and the canonical transcript digest recomputed from transcript.parquet alone.
+
+transcript.parquet: one row per delivered (accepted) report, sorted by (stage order, round, device):
+``stage`` (string, dictionary-encoded; its dictionary lists the stages in protocol order), ``round`` (int64),
+``device`` (int64), then one column per report column of the protocol (width 1: a scalar of its dtype;
+width > 1: a fixed_size_list of its dtype), null where the column is not one of the row's stage. The schema
+metadata key ``ldpsim.transcript`` holds JSON: format, protocol, devices, and each stage's name and columns
+(name, dtype, width), in order. :func:`transcript_digest_of_table` recomputes summary.json's
+``digests.transcript`` from it (protocols/transcript.py defines the digest).
+
+ledger.parquet: device, round (int64), time, amount (float64), reason (dictionary-encoded string): one row
+per device and cumulative charge, in the order charged. spend.parquet: device, group (dictionary string),
+spend, round_epsilon. Every file is written to a temporary name in its directory and moved into place
+(os.replace): a reader sees the whole file or none.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from protocols import transcript as canonical
+
+TRANSCRIPT = "transcript.parquet"
+LEDGER = "ledger.parquet"
+SPEND = "spend.parquet"
+META_KEY = b"ldpsim.transcript"
+FORMAT = "ldpsim-transcript/1"
+ROW_GROUP = 1 << 20  # rows per Parquet row group (and devices read from a round record at a time)
+KEYS = ("stage", "round", "device")
+COMPRESSION = "zstd"
+
+
+@contextmanager
+def atomic_path(path: Path | str) -> Iterator[Path]:
+    """A temporary path next to ``path`` (same suffix) to write to; moved onto ``path`` when the block ends
+    without an error, removed otherwise."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}{path.suffix}")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def _arrow_type(dtype: str, width: int) -> pa.DataType:
+    t = pa.from_numpy_dtype(np.dtype(dtype))
+    return t if width == 1 else pa.list_(t, width)
+
+
+def _stage_dictionary(names: Sequence[str], index: int, n: int) -> pa.DictionaryArray:
+    return pa.DictionaryArray.from_arrays(pa.array(np.full(n, index, np.int8)), pa.array(list(names), pa.string()))
+
+
+# ----------------------------------------------------------------------------------------------- transcript
+def transcript_schema(protocol: str, devices: int, stages: Sequence[tuple[str, Sequence[tuple[str, str, int]]]]
+                      ) -> pa.Schema:
+    """Arrow schema of transcript.parquet for ``stages`` [(name, [(column, dtype, width), ...]), ...]."""
+    fields = [pa.field("stage", pa.dictionary(pa.int8(), pa.string()), nullable=False),
+              pa.field("round", pa.int64(), nullable=False), pa.field("device", pa.int64(), nullable=False)]
+    seen: dict[str, tuple[str, int]] = {}
+    for _, cols in stages:
+        for name, dtype, width in cols:
+            if name in KEYS:
+                raise ValueError(f"report column {name!r} clashes with a key column")
+            if name in seen:
+                if seen[name] != (dtype, width):
+                    raise ValueError(f"report column {name!r} differs between stages")
+                continue
+            seen[name] = (dtype, width)
+            fields.append(pa.field(name, _arrow_type(dtype, width)))
+    meta = {"format": FORMAT, "protocol": protocol, "devices": int(devices), "order": list(KEYS),
+            "stages": [{"name": s, "columns": [{"name": c, "dtype": d, "width": w} for c, d, w in cols]}
+                       for s, cols in stages]}
+    return pa.schema(fields, metadata={META_KEY: json.dumps(meta).encode()})
+
+
+def transcript_meta(table_or_schema: pa.Table | pa.Schema) -> dict:
+    """The ``ldpsim.transcript`` metadata of a transcript table (or its schema)."""
+    schema = table_or_schema.schema if isinstance(table_or_schema, pa.Table) else table_or_schema
+    raw = (schema.metadata or {}).get(META_KEY)
+    if raw is None:
+        raise ValueError("not an ldpsim transcript table (no ldpsim.transcript schema metadata)")
+    meta = json.loads(raw)
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"transcript format {meta.get('format')!r}, this reader knows {FORMAT!r}")
+    return meta
+
+
+def _stage_specs(meta: dict) -> list[tuple[str, list[tuple[str, str, int]]]]:
+    return [(s["name"], [(c["name"], c["dtype"], int(c["width"])) for c in s["columns"]]) for s in meta["stages"]]
+
+
+def _column_array(values: np.ndarray, dtype: str, width: int) -> pa.Array:
+    flat = pa.array(np.ascontiguousarray(values).reshape(-1))
+    return flat if width == 1 else pa.FixedSizeListArray.from_arrays(flat, width)
+
+
+def write_transcript(path: Path | str, collector: Any, protocol: str) -> dict:
+    """transcript.parquet from a collector's ``stages()``, a round and a block of devices at a time (bounded
+    memory: works with bit-packed and spilled records). Returns {"rows": n, "bytes": size}."""
+    stages = collector.stages()
+    specs = [(name, canonical.column_spec(st.columns)) for name, st in stages]
+    n_devices = int(stages[0][1].n_devices) if stages else 0
+    schema = transcript_schema(protocol, n_devices, specs)
+    names = [name for name, _ in specs]
+    scalar = [f.name for f in schema if not pa.types.is_floating(f.type) and f.name != "device"]
+    rows, pending, pending_rows = 0, [], 0
+    with atomic_path(path) as tmp:
+        with pq.ParquetWriter(tmp, schema, compression=COMPRESSION, use_dictionary=scalar,
+                              column_encoding={"device": "DELTA_BINARY_PACKED"}) as writer:
+            def flush() -> None:
+                nonlocal pending, pending_rows
+                if pending:
+                    writer.write_table(pa.Table.from_batches(pending, schema), row_group_size=ROW_GROUP)
+                pending, pending_rows = [], 0
+
+            for index, ((name, st), (_, cols)) in enumerate(zip(stages, specs)):
+                own = {c for c, _, _ in cols}
+                for rnd, record in st.transcript:
+                    for lo in range(0, st.n_devices, ROW_GROUP):
+                        hi = min(lo + ROW_GROUP, st.n_devices)
+                        block = st.record_rows(record, lo, hi)
+                        idx = np.flatnonzero(block[:, 0])
+                        if not idx.size:
+                            continue
+                        k, payload, at = idx.size, block[idx, 1:], 0
+                        data: dict[str, pa.Array] = {
+                            "stage": _stage_dictionary(names, index, k),
+                            "round": pa.array(np.full(k, rnd, np.int64)),
+                            "device": pa.array(idx.astype(np.int64) + lo)}
+                        for c, dtype, width in cols:
+                            size = np.dtype(dtype).itemsize * width
+                            vals = np.ascontiguousarray(payload[:, at:at + size]).view(np.dtype(dtype).newbyteorder("<"))
+                            data[c] = _column_array(vals.astype(np.dtype(dtype), copy=False), dtype, width)
+                            at += size
+                        for f in schema:
+                            if f.name not in data and f.name not in own:
+                                data[f.name] = pa.nulls(k, f.type)
+                        pending.append(pa.RecordBatch.from_arrays([data[f.name] for f in schema], schema=schema))
+                        pending_rows += k
+                        rows += k
+                        if pending_rows >= ROW_GROUP:
+                            flush()
+            flush()
+    return {"rows": rows, "bytes": Path(path).stat().st_size}
+
+
+def read_transcript(run_dir: Path | str, columns: list[str] | None = None, filters: Any = None) -> pa.Table:
+    """transcript.parquet of a run directory (or the file itself); ``columns``/``filters`` as pyarrow's
+    read_table (e.g. filters=[("device", "in", [3, 17])] for a sample of devices)."""
+    path = Path(run_dir)
+    path = path / TRANSCRIPT if path.is_dir() else path
+    return pq.read_table(path, columns=columns, filters=filters)
+
+
+def _values_bytes(column: pa.ChunkedArray | pa.Array, dtype: str, width: int, n: int) -> np.ndarray:
+    """A stage's column (no nulls) as (rows, itemsize x width) little-endian bytes."""
+    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if arr.null_count:
+        raise ValueError(f"column {arr.type} has nulls in rows of its own stage")
+    if width > 1:
+        arr = arr.flatten()
+    vals = arr.to_numpy(zero_copy_only=False).astype(np.dtype(dtype).newbyteorder("<"), copy=False)
+    return np.ascontiguousarray(vals).view(np.uint8).reshape(n, -1)
+
+
+def transcript_digest_of_table(table: pa.Table) -> str:
+    """The canonical transcript digest (protocols/transcript.py) from transcript.parquet alone: for each
+    stage of the metadata, in order, its rows put in (device, round) order. Equals summary.json's
+    ``digests.transcript``."""
+    meta = transcript_meta(table)
+    hasher = canonical.TranscriptHasher()
+    specs = _stage_specs(meta)
+    stage = table["stage"]
+    if pa.types.is_dictionary(stage.type):
+        stage = stage.cast(pa.string())
+    counts = {str(v["values"]): int(v["counts"]) for v in pc.value_counts(stage).to_pylist()}
+    if set(counts) - {name for name, _ in specs}:
+        raise ValueError(f"rows of stages {sorted(set(counts) - {n for n, _ in specs})} not in the metadata")
+    for name, cols in specs:
+        n = counts.get(name, 0)
+        sub = table if n == table.num_rows else table.filter(pc.equal(stage, name))
+        hasher.stage(name, cols, n)
+        if not n:
+            continue
+        device = sub["device"].to_numpy().astype(np.int64, copy=False)
+        rnd = sub["round"].to_numpy().astype(np.int64, copy=False)
+        if np.all(rnd[1:] >= rnd[:-1]):  # as written (rounds ascending): a stable sort by device suffices
+            order = np.argsort(device, kind="stable")
+        else:
+            order = np.lexsort((rnd, device))
+        values = [_values_bytes(sub[c], d, w, n) for c, d, w in cols]
+        for lo in range(0, n, ROW_GROUP):
+            idx = order[lo:lo + ROW_GROUP]
+            hasher.rows(device[idx], rnd[idx], np.concatenate([v[idx] for v in values], axis=1)
+                        if values else np.empty((idx.size, 0), np.uint8))
+    return hasher.hexdigest()
+
+
+def device_rows(table: pa.Table, devices: int | Iterable[int]) -> pa.Table:
+    """The rows of one device, or of a sample of devices (one pass over the table, whatever the sample
+    size), in table order. For a large file, read only the sample: ``read_transcript(run, filters=[("device",
+    "in", sample)])`` (or read_ledger) does the same while reading."""
+    ids = [int(devices)] if np.isscalar(devices) else [int(d) for d in devices]
+    return table.filter(pc.is_in(table["device"], value_set=pa.array(ids, pa.int64())))
+
+
+# --------------------------------------------------------------------------------------- ledger and spend
+LEDGER_SCHEMA = pa.schema([pa.field("device", pa.int64(), nullable=False), pa.field("round", pa.int64(), nullable=False),
+                           pa.field("time", pa.float64(), nullable=False),
+                           pa.field("reason", pa.dictionary(pa.int32(), pa.string()), nullable=False),
+                           pa.field("amount", pa.float64(), nullable=False)])
+
+
+def write_ledger(path: Path | str, chunks: Iterable[dict]) -> int:
+    """ledger.parquet from Ledger.rows() chunks (one row per device and charge, in the order charged);
+    returns the row count."""
+    rows, pending, pending_rows, reasons = 0, [], 0, []
+    with atomic_path(path) as tmp:
+        with pq.ParquetWriter(tmp, LEDGER_SCHEMA, compression=COMPRESSION,
+                              use_dictionary=["round", "time", "reason", "amount"],
+                              column_encoding={"device": "DELTA_BINARY_PACKED"}) as writer:
+            def flush() -> None:
+                nonlocal pending, pending_rows
+                if pending:
+                    writer.write_table(pa.Table.from_batches(pending, LEDGER_SCHEMA), row_group_size=ROW_GROUP)
+                pending, pending_rows = [], 0
+
+            for ch in chunks:
+                devices = np.asarray(ch["devices"], dtype=np.int64)
+                k = devices.size
+                if not k:
+                    continue
+                if ch["reason"] not in reasons:
+                    reasons.append(ch["reason"])
+                reason = pa.DictionaryArray.from_arrays(pa.array(np.full(k, reasons.index(ch["reason"]), np.int32)),
+                                                        pa.array(reasons, pa.string()))
+                pending.append(pa.RecordBatch.from_arrays(
+                    [pa.array(devices), pa.array(np.full(k, ch["round"], np.int64)),
+                     pa.array(np.full(k, ch["time"], np.float64)), reason,
+                     pa.array(np.full(k, ch["amount"], np.float64))], schema=LEDGER_SCHEMA))
+                pending_rows += k
+                rows += k
+                if pending_rows >= ROW_GROUP:
+                    flush()
+            flush()
+    return rows
+
+
+def write_spend(path: Path | str, group_index: np.ndarray, group_names: Sequence[str], spend: np.ndarray,
+                round_epsilon: np.ndarray) -> None:
+    """spend.parquet: device, group, spend (cumulative epsilon), round_epsilon."""
+    n = spend.size
+    group = pa.DictionaryArray.from_arrays(pa.array(np.asarray(group_index, np.int32)),
+                                           pa.array(list(group_names), pa.string()))
+    table = pa.table({"device": pa.array(np.arange(n, dtype=np.int64)), "group": group,
+                      "spend": pa.array(np.asarray(spend, np.float64)),
+                      "round_epsilon": pa.array(np.asarray(round_epsilon, np.float64))})
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp, compression=COMPRESSION, row_group_size=ROW_GROUP,
+                       use_dictionary=["group", "spend", "round_epsilon"],
+                       column_encoding={"device": "DELTA_BINARY_PACKED"})
+
+
+def read_ledger(run_dir: Path | str, columns: list[str] | None = None, filters: Any = None) -> pa.Table:
+    """ledger.parquet of a run directory (or the file itself)."""
+    path = Path(run_dir)
+    return pq.read_table(path / LEDGER if path.is_dir() else path, columns=columns, filters=filters)
+
+
+def read_spend(run_dir: Path | str, columns: list[str] | None = None) -> pa.Table:
+    """spend.parquet of a run directory (or the file itself)."""
+    path = Path(run_dir)
+    return pq.read_table(path / SPEND if path.is_dir() else path, columns=columns)

@@ -1,0 +1,59 @@
+"""Outputs that say exactly what they contain: counts that add up, per-report guarantees that are not 0, no
+table of an older run beside a newer summary, errors that name the misspelled key."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from scenarios import cli, output, runner, schema
+
+
+def _run(*overrides: str) -> dict:
+    return output.summary(runner.run(schema.load("quickstart", ["population.devices=500", *overrides])))
+
+
+def test_reports_sent_is_delivered_plus_lost() -> None:
+    s = _run("network.loss=0.2")
+    r = s["reports"]
+    assert r["lost"] > 0
+    assert r["sent"] == r["delivered"] + r["lost"] == 500 * 14
+    assert r["accepted"] == r["delivered"]
+
+
+@pytest.mark.parametrize("name, gamma", [("1bitmean", 0.0), ("1bitrrpm", 0.0), ("1bitmean", 0.1), ("1bitrrpm", 0.1)])
+def test_round_epsilon_is_the_per_report_guarantee(name: str, gamma: float) -> None:
+    s = _run(f"protocol.name={name!r}", f"protocol.gamma={gamma}")
+    sc = schema.load("quickstart", [f"protocol.name={name!r}", f"protocol.gamma={gamma}"])
+    assert s["round_epsilon_max"] == pytest.approx(sc.protocol.round_epsilon) and s["round_epsilon_max"] > 0
+    assert s["privacy"]["round_epsilon"] == s["round_epsilon_max"]
+    if gamma:
+        assert s["round_epsilon_max"] < sc.protocol.epsilon  # eps' of Theorem 6
+
+
+def test_force_removes_every_file_of_the_previous_run(tmp_path) -> None:
+    out = tmp_path / "run"
+    args = ["run", "quickstart", "--out", str(out), "--quiet", "--set", "population.devices=300"]
+    assert cli.main(args) == 0
+    old = {p.name for p in out.iterdir()}
+    assert any(name.startswith("ledger") for name in old)
+    (out / "notes.txt").write_text("mine")
+    assert cli.main([*args, "--force", "--no-ledger-rows"]) == 0
+    new = {p.name for p in out.iterdir()}
+    assert not any(name.startswith("ledger") for name in new), "an old ledger must not sit beside a new summary"
+    assert "notes.txt" in new, "files that are not run outputs are left alone"
+    assert json.loads((out / "summary.json").read_text())["devices"] == 300
+
+
+@pytest.mark.parametrize("table, key, missing", [("protocol", "epsilonn", "epsilon"), ("population", "devicess", "devices")])
+def test_a_misspelled_required_key_is_named_with_a_suggestion(table: str, key: str, missing: str) -> None:
+    _, data = schema.read("quickstart")
+    data[table][key] = data[table].pop(missing)
+    with pytest.raises(schema.ScenarioError, match=rf"^{table}\.{key}: unknown key \(did you mean {missing}\?\)"):
+        schema.parse(data)
+
+
+def test_a_misspelled_optional_key_is_named_with_a_suggestion() -> None:
+    with pytest.raises(schema.ScenarioError, match=r"protocol\.gama: unknown key \(did you mean gamma\?\)"):
+        schema.load("quickstart", ["protocol.gama=0.1"])
