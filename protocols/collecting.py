@@ -149,6 +149,10 @@ class ReportCollector:
         count and column schema, then every delivered report in (device, round) order."""
         return canonical.digest(self.stages())
 
+    def bits_packed(self, record: Any) -> bool:
+        """Whether a stored round record is bit-packed across devices ((ceil(n/8), 1 + widths) uint8)."""
+        return self._bits_only and isinstance(record, np.ndarray)
+
     def record_rows(self, record: Any, lo: int, hi: int) -> np.ndarray:
         """Devices lo..hi-1 of a stored round record as (devices, 1 + payload) uint8: a presence byte, then the
         report's column values (little-endian, in column order; zeros when absent). ``lo`` a multiple of 8."""

@@ -88,7 +88,9 @@ class Guard:
         """Spend ``amount`` for the devices at ``rows`` (an index array or a boolean mask over the cohort) and
         return the ledger record. The only way a device side makes a cumulative charge."""
         idx = np.flatnonzero(rows) if rows.dtype == np.bool_ else np.asarray(rows, dtype=np.int64)
-        if amount > 0 and idx.size:
+        if amount > 0 and idx.size == self.spent.size:  # every device (a fresh round): no gather/scatter
+            self.spent += amount
+        elif amount > 0 and idx.size:
             self.spent[idx] += amount
         return Charge(round_, now, reason, float(amount), self.device_ids[idx])
 

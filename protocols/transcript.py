@@ -3,29 +3,32 @@ by an auditor from transcript.parquet (scenarios.tables.transcript_digest_of_tab
 
 A transcript is a list of stages in protocol order (``collector.stages()``: single-stage protocols have one,
 ``"report"``; THRESH ``"vote"``, ``"estimate"``; ToPL ``"holdout"``, ``"report"``). Each stage has columns
-(name, dtype, width) and rows: one per delivered report, (device, round, its column values).
+(name, dtype, width; a *bit column* is a uint8 column whose values are 0 or 1) and rows: one per delivered
+report, (device, round, its column values).
 
-    digest = sha256( MAGIC
+    digest = sha256( "ldpsim-transcript/2\\n" "devices=<N>\\n"
                      for each stage, in order:
-                       "stage=<name>;rows=<n>;columns=<c1>:<dtype1>:<width1>,<c2>:<dtype2>:<width2>...\\n"   (UTF-8)
-                       for each of its n rows in (device, round) order:
-                         device as <i8, round as <i8, then each column's width value(s) in column order,
-                         little-endian in the column's dtype )
+                       "stage=<name>;rows=<n>;columns=<c>:<dtype>:<width>[:bits],...\\n"
+                       for each round with at least one row, in increasing order:
+                         "round=<r>;rows=<k>\\n"
+                         the presence bitmap over the N devices (numpy packbits: big-endian bits, zero-padded)
+                         for each column, for each position p < width: the values at p of the present devices
+                           in device order: packed bits for a bit column, else little-endian bytes )
 
-with MAGIC = b"ldpsim-transcript/1\\n" and dtype the numpy name ("uint8", "uint32", "float64"). Rows are packed
-(no padding); absent reports contribute nothing. The digest depends only on what the collector accepted, not
-on cohort split, arrival order or runtime (simulated or live).
+All strings are UTF-8 and dtype is the numpy name ("uint8", "uint32", "float64"). Round-major with bit
+columns packed, it hashes about two bits per one-bit report (a device-major form with 64-bit keys hashed 17
+bytes), and a collector computes it one stored round record at a time. The digest depends only on what the
+collector accepted, not on cohort split, arrival order or runtime (simulated or live).
 """
 
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-MAGIC = b"ldpsim-transcript/1\n"
-BLOCK_BYTES = 32 << 20  # row bytes built at a time while hashing (bounded memory whatever the population)
+MAGIC = b"ldpsim-transcript/2\n"
 
 
 def column_spec(columns: Iterable[Any]) -> list[tuple[str, str, int]]:
@@ -37,45 +40,62 @@ def column_spec(columns: Iterable[Any]) -> list[tuple[str, str, int]]:
     return out
 
 
-def stage_header(name: str, columns: Sequence[tuple[str, str, int]], rows: int) -> bytes:
-    cols = ",".join(f"{c}:{d}:{w}" for c, d, w in columns)
+def bit_columns(columns: Iterable[Any]) -> set[str]:
+    """Names of the protocol Columns that hold bits (uint8 with values in [0, 1])."""
+    return {c.name for c in columns if np.dtype(c.dtype) == np.uint8 and c.high == 1}
+
+
+def stage_header(name: str, columns: Sequence[tuple[str, str, int]], bits: set[str], rows: int) -> bytes:
+    cols = ",".join(f"{c}:{d}:{w}" + (":bits" if c in bits else "") for c, d, w in columns)
     return f"stage={name};rows={int(rows)};columns={cols}\n".encode()
 
 
-def row_dtype(payload: int) -> np.dtype:
-    """One packed row: device <i8, round <i8, then ``payload`` bytes of column values."""
-    return np.dtype([("device", "<i8"), ("round", "<i8"), ("values", "u1", (payload,))])
-
-
-def payload_bytes(columns: Sequence[tuple[str, str, int]]) -> int:
-    return sum(np.dtype(d).itemsize * w for _, d, w in columns)
-
-
 class TranscriptHasher:
-    """Feed stages in order: :meth:`stage` (header), then :meth:`rows` in (device, round) order."""
+    """Feed :meth:`stage` headers in order, each followed by its :meth:`round` records in increasing order."""
 
-    def __init__(self) -> None:
-        self._h = hashlib.sha256(MAGIC)
+    def __init__(self, devices: int) -> None:
+        self.devices = int(devices)
+        self._h = hashlib.sha256(MAGIC + f"devices={self.devices}\n".encode())
         self._left = 0
-        self._payload = 0
+        self._columns: list[tuple[str, str, int]] = []
+        self._bits: set[str] = set()
+        self._round = 0
 
-    def stage(self, name: str, columns: Sequence[tuple[str, str, int]], rows: int) -> None:
+    def stage(self, name: str, columns: Sequence[tuple[str, str, int]], bits: set[str], rows: int) -> None:
         if self._left:
             raise ValueError(f"previous stage is {self._left} row(s) short")
-        self._h.update(stage_header(name, columns, rows))
-        self._left, self._payload = int(rows), payload_bytes(columns)
+        self._h.update(stage_header(name, columns, bits, rows))
+        self._left, self._columns, self._bits, self._round = int(rows), list(columns), set(bits), 0
 
-    def rows(self, device: np.ndarray, round_: np.ndarray, values: np.ndarray) -> None:
-        """Rows given as device ids, rounds and their column values as bytes ((rows, payload) uint8)."""
-        n = len(device)
-        if n > self._left:
+    def round(self, round_: int, present: np.ndarray, values: Mapping[str, np.ndarray]) -> None:
+        """One round: ``present`` (N bools, or N bits already packed: uint8 of length ceil(N/8)) and each
+        column's values of the present devices in device order, as (k, width) arrays of its dtype, or for a
+        bit column optionally pre-packed per position as (width, ceil(k/8)) uint8 (``packed_<name>``)."""
+        if round_ <= self._round:
+            raise ValueError("rounds must increase within a stage")
+        packed = present if present.dtype == np.uint8 and present.size == (self.devices + 7) // 8 \
+            else np.packbits(np.asarray(present, dtype=bool))
+        k = int(np.bitwise_count(packed).sum())
+        if k == 0:
+            return
+        if k > self._left:
             raise ValueError("more rows than the stage header announced")
-        out = np.empty(n, row_dtype(self._payload))
-        out["device"], out["round"] = device, round_
-        if self._payload:
-            out["values"] = np.asarray(values, np.uint8).reshape(n, self._payload)
-        self._h.update(out.view(np.uint8).data if n else b"")
-        self._left -= n
+        self._round = round_
+        self._h.update(f"round={int(round_)};rows={k}\n".encode())
+        self._h.update(packed.data)
+        for name, dtype, width in self._columns:
+            if f"packed_{name}" in values:
+                for p in range(width):
+                    self._h.update(np.ascontiguousarray(values[f"packed_{name}"][p]).data)
+                continue
+            vals = np.asarray(values[name]).reshape(k, width)
+            for p in range(width):
+                col = vals[:, p]
+                if name in self._bits:
+                    self._h.update(np.packbits(col.astype(bool)).data)
+                else:
+                    self._h.update(np.ascontiguousarray(col.astype(np.dtype(dtype).newbyteorder("<"))).data)
+        self._left -= k
 
     def hexdigest(self) -> str:
         if self._left:
@@ -89,29 +109,49 @@ def stage_rows(stage: Any) -> int:
 
 
 def hash_stage(hasher: TranscriptHasher, name: str, stage: Any) -> None:
-    """One collector stage's header and rows, a block of devices at a time: every stored round record (in
-    memory, bit-packed or spilled) is read for the block, and the present reports are emitted device-major."""
+    """One collector stage: its header, then each stored round record (in memory, bit-packed or spilled).
+    A bit-packed record of a round every device answered is hashed as stored, with no unpacking."""
     cols = column_spec(stage.columns)
-    hasher.stage(name, cols, stage_rows(stage))
-    records = [rec for _, rec in stage.transcript]
-    if not records:
-        return
-    rounds = np.array([r for r, _ in stage.transcript], dtype=np.int64)
-    payload = payload_bytes(cols)
-    per_device = len(records) * (1 + payload + row_dtype(payload).itemsize)
-    block = max(8, (BLOCK_BYTES // per_device) // 8 * 8)  # a multiple of 8 (bit-packed records)
+    bits = bit_columns(stage.columns)
+    hasher.stage(name, cols, bits, stage_rows(stage))
     n = stage.n_devices
-    for lo in range(0, n, block):
-        hi = min(lo + block, n)
-        rows = np.stack([stage.record_rows(rec, lo, hi) for rec in records], axis=1)  # (devices, rounds, 1 + payload)
-        d, r = np.nonzero(rows[:, :, 0])  # row-major: device first, then round
-        if d.size:
-            hasher.rows(d.astype(np.int64) + lo, rounds[r], rows[d, r, 1:])
+    for rnd, record in stage.transcript:
+        if stage.bits_packed(record):  # (ceil(n/8), 1 + widths): presence, then each bit position, packed
+            presence = np.ascontiguousarray(record[:, 0])
+            everyone = int(np.bitwise_count(presence).sum()) == n
+            present = None if everyone else np.unpackbits(presence, count=n).view(bool)
+            packed = {}
+            for (c, _, w), at in zip(cols, _offsets(cols, 1, packed=True)):
+                if everyone:  # the stored bits are the present devices' bits, packed: hash them as they are
+                    packed[f"packed_{c}"] = record[:, at:at + w].T
+                else:
+                    packed[f"packed_{c}"] = [np.packbits(np.unpackbits(record[:, at + p], count=n).view(bool)[present])
+                                             for p in range(w)]
+            hasher.round(rnd, presence, packed)
+            continue
+        rows = stage.record_rows(record, 0, n)  # (n, 1 + payload) bytes
+        present = rows[:, 0].astype(bool)
+        sel = rows[present]
+        values = {}
+        for (c, dtype, w), at in zip(cols, _offsets(cols, 1)):
+            size = np.dtype(dtype).itemsize * w
+            values[c] = np.ascontiguousarray(sel[:, at:at + size]).view(np.dtype(dtype).newbyteorder("<"))
+        hasher.round(rnd, present, values)
+
+
+def _offsets(cols: Sequence[tuple[str, str, int]], start: int, packed: bool = False) -> list[int]:
+    """Where each column starts in a record row (bytes; in a packed record, one position per column)."""
+    out, at = [], start
+    for _, dtype, w in cols:
+        out.append(at)
+        at += w if packed else np.dtype(dtype).itemsize * w
+    return out
 
 
 def digest(stages: Sequence[tuple[str, Any]]) -> str:
     """The canonical digest of a collector's ``stages()`` (module docstring)."""
-    hasher = TranscriptHasher()
+    n = int(stages[0][1].n_devices) if stages else 0
+    hasher = TranscriptHasher(n)
     for name, stage in stages:
         hash_stage(hasher, name, stage)
     return hasher.hexdigest()

@@ -34,7 +34,7 @@ TRANSCRIPT = "transcript.parquet"
 LEDGER = "ledger.parquet"
 SPEND = "spend.parquet"
 META_KEY = b"ldpsim.transcript"
-FORMAT = "ldpsim-transcript/1"
+FORMAT = "ldpsim-transcript/2"
 ROW_GROUP = 1 << 20  # rows per Parquet row group (and devices read from a round record at a time)
 KEYS = ("stage", "round", "device")
 COMPRESSION = "zstd"
@@ -64,9 +64,11 @@ def _stage_dictionary(names: Sequence[str], index: int, n: int) -> pa.Dictionary
 
 
 # ----------------------------------------------------------------------------------------------- transcript
-def transcript_schema(protocol: str, devices: int, stages: Sequence[tuple[str, Sequence[tuple[str, str, int]]]]
-                      ) -> pa.Schema:
-    """Arrow schema of transcript.parquet for ``stages`` [(name, [(column, dtype, width), ...]), ...]."""
+def transcript_schema(protocol: str, devices: int, stages: Sequence[tuple[str, Sequence[tuple[str, str, int]]]],
+                      bits: Sequence[set[str]] | None = None) -> pa.Schema:
+    """Arrow schema of transcript.parquet for ``stages`` [(name, [(column, dtype, width), ...]), ...]; ``bits``:
+    each stage's bit columns (hashed packed by the canonical digest)."""
+    bits = bits if bits is not None else [set() for _ in stages]
     fields = [pa.field("stage", pa.dictionary(pa.int8(), pa.string()), nullable=False),
               pa.field("round", pa.int64(), nullable=False), pa.field("device", pa.int64(), nullable=False)]
     seen: dict[str, tuple[str, int]] = {}
@@ -81,8 +83,9 @@ def transcript_schema(protocol: str, devices: int, stages: Sequence[tuple[str, S
             seen[name] = (dtype, width)
             fields.append(pa.field(name, _arrow_type(dtype, width)))
     meta = {"format": FORMAT, "protocol": protocol, "devices": int(devices), "order": list(KEYS),
-            "stages": [{"name": s, "columns": [{"name": c, "dtype": d, "width": w} for c, d, w in cols]}
-                       for s, cols in stages]}
+            "stages": [{"name": s, "columns": [{"name": c, "dtype": d, "width": w, "bits": c in b}
+                                               for c, d, w in cols]}
+                       for (s, cols), b in zip(stages, bits)]}
     return pa.schema(fields, metadata={META_KEY: json.dumps(meta).encode()})
 
 
@@ -102,6 +105,10 @@ def _stage_specs(meta: dict) -> list[tuple[str, list[tuple[str, str, int]]]]:
     return [(s["name"], [(c["name"], c["dtype"], int(c["width"])) for c in s["columns"]]) for s in meta["stages"]]
 
 
+def _stage_bits(meta: dict) -> list[set[str]]:
+    return [{c["name"] for c in s["columns"] if c.get("bits")} for s in meta["stages"]]
+
+
 def _column_array(values: np.ndarray, dtype: str, width: int) -> pa.Array:
     flat = pa.array(np.ascontiguousarray(values).reshape(-1))
     return flat if width == 1 else pa.FixedSizeListArray.from_arrays(flat, width)
@@ -113,7 +120,7 @@ def write_transcript(path: Path | str, collector: Any, protocol: str) -> dict:
     stages = collector.stages()
     specs = [(name, canonical.column_spec(st.columns)) for name, st in stages]
     n_devices = int(stages[0][1].n_devices) if stages else 0
-    schema = transcript_schema(protocol, n_devices, specs)
+    schema = transcript_schema(protocol, n_devices, specs, [canonical.bit_columns(st.columns) for _, st in stages])
     names = [name for name, _ in specs]
     scalar = [f.name for f in schema if not pa.types.is_floating(f.type) and f.name != "device"]
     rows, pending, pending_rows = 0, [], 0
@@ -165,48 +172,51 @@ def read_transcript(run_dir: Path | str, columns: list[str] | None = None, filte
     return pq.read_table(path, columns=columns, filters=filters)
 
 
-def _values_bytes(column: pa.ChunkedArray | pa.Array, dtype: str, width: int, n: int) -> np.ndarray:
-    """A stage's column (no nulls) as (rows, itemsize x width) little-endian bytes."""
-    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    if arr.null_count:
-        raise ValueError(f"column {arr.type} has nulls in rows of its own stage")
-    if width > 1:
-        arr = arr.flatten()
-    vals = arr.to_numpy(zero_copy_only=False).astype(np.dtype(dtype).newbyteorder("<"), copy=False)
-    return np.ascontiguousarray(vals).view(np.uint8).reshape(n, -1)
-
-
 def transcript_digest_of_table(table: pa.Table) -> str:
     """The canonical transcript digest (protocols/transcript.py) from transcript.parquet alone: for each
-    stage of the metadata, in order, its rows put in (device, round) order. Equals summary.json's
-    ``digests.transcript``."""
+    stage of the metadata, in order, its rounds in increasing order, each round's rows in device order.
+    Equals summary.json's ``digests.transcript``."""
     meta = transcript_meta(table)
-    hasher = canonical.TranscriptHasher()
-    specs = _stage_specs(meta)
+    n = int(meta["devices"])
+    hasher = canonical.TranscriptHasher(n)
+    specs, bits = _stage_specs(meta), _stage_bits(meta)
     stage = table["stage"]
     if pa.types.is_dictionary(stage.type):
         stage = stage.cast(pa.string())
     counts = {str(v["values"]): int(v["counts"]) for v in pc.value_counts(stage).to_pylist()}
     if set(counts) - {name for name, _ in specs}:
         raise ValueError(f"rows of stages {sorted(set(counts) - {n for n, _ in specs})} not in the metadata")
-    for name, cols in specs:
-        n = counts.get(name, 0)
-        sub = table if n == table.num_rows else table.filter(pc.equal(stage, name))
-        hasher.stage(name, cols, n)
-        if not n:
+    for (name, cols), bit in zip(specs, bits):
+        k = counts.get(name, 0)
+        sub = table if k == table.num_rows else table.filter(pc.equal(stage, name))
+        hasher.stage(name, cols, bit, k)
+        if not k:
             continue
         device = sub["device"].to_numpy().astype(np.int64, copy=False)
         rnd = sub["round"].to_numpy().astype(np.int64, copy=False)
-        if np.all(rnd[1:] >= rnd[:-1]):  # as written (rounds ascending): a stable sort by device suffices
-            order = np.argsort(device, kind="stable")
-        else:
-            order = np.lexsort((rnd, device))
-        values = [_values_bytes(sub[c], d, w, n) for c, d, w in cols]
-        for lo in range(0, n, ROW_GROUP):
-            idx = order[lo:lo + ROW_GROUP]
-            hasher.rows(device[idx], rnd[idx], np.concatenate([v[idx] for v in values], axis=1)
-                        if values else np.empty((idx.size, 0), np.uint8))
+        if device.size and (device.min() < 0 or device.max() >= n):
+            raise ValueError(f"stage {name!r} names a device outside [0, {n})")
+        order = np.lexsort((device, rnd))
+        values = {c: _column_values(sub[c], d, w, k)[order] for c, d, w in cols}
+        device, rnd = device[order], rnd[order]
+        starts = np.flatnonzero(np.r_[True, rnd[1:] != rnd[:-1]])
+        for lo, hi in zip(starts, np.r_[starts[1:], k]):
+            present = np.zeros(n, dtype=bool)
+            present[device[lo:hi]] = True
+            if int(present.sum()) != hi - lo:
+                raise ValueError(f"stage {name!r} round {int(rnd[lo])} repeats a device")
+            hasher.round(int(rnd[lo]), present, {c: v[lo:hi] for c, v in values.items()})
     return hasher.hexdigest()
+
+
+def _column_values(column: pa.ChunkedArray | pa.Array, dtype: str, width: int, n: int) -> np.ndarray:
+    """A stage's column (no nulls) as an (n, width) array of its dtype."""
+    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if arr.null_count:
+        raise ValueError(f"column {arr.type} has nulls in rows of its own stage")
+    if width > 1:
+        arr = arr.flatten()
+    return arr.to_numpy(zero_copy_only=False).astype(np.dtype(dtype), copy=False).reshape(n, width)
 
 
 def device_rows(table: pa.Table, devices: int | Iterable[int]) -> pa.Table:
