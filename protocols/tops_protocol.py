@@ -124,22 +124,34 @@ class TopsCollector(ReportCollector):
         self.tops = ToPS(params.max_value, params.epsilon, params.threshold_epsilon, range_limit=params.rounds,
                          seed=params.seed, smooth_levels=0)
         self.history: list[tuple[int, float]] = []
-        self._ids = np.arange(n_devices, dtype=np.uint64)
+        self.fallback = False  # theta = max_value because round 1 had no holdout value
 
     def estimate(self, reports: dict[str, np.ndarray]) -> float:
-        p = self.params
         x = reports["x"][:, 0]
-        present = self._present_ids
-        if self.tops.threshold is None:  # round 1: the holdout's values choose theta, then sit this round out
-            hold = in_holdout(p, present.astype(np.uint64))
-            theta = self.tops.choose_threshold(x[hold])
-            self.history.append((self.round, theta))
+        if self.round == 1:  # round 1: the keyed holdout's values choose theta, then sit this round out
+            hold = in_holdout(self.params, self._present_ids.astype(np.uint64))
+            self._choose_threshold(x[hold])
             x = x[~hold]
-        total = float(np.minimum(x, self.tops.threshold).sum())
-        return self.tops.add(total, clip=False) * self.n_devices / max(x.size, 1)
+        released = self.tops.add(float(np.minimum(x, self.tops.threshold).sum()), clip=False)
+        return released * self.n_devices / x.size if x.size else math.nan  # no report: no estimate
+
+    def _choose_threshold(self, holdout: np.ndarray) -> None:
+        """NM-E on the holdout; with no holdout value at all (a tiny or lossy round 1), theta = max_value, a
+        choice that depends on no data (no truncation; the noise is the largest it can be)."""
+        if holdout.size:
+            theta = self.tops.choose_threshold(holdout)
+        else:
+            theta = self.params.max_value
+            self.tops.set_threshold(theta)
+            self.fallback = True
+        self.history.append((self.round, theta))
 
     def close_round(self) -> RoundResult:
         self._present_ids = np.flatnonzero(self._present) if self._present is not None else np.empty(0, np.int64)
         res = super().close_round()
+        if res.reports == 0:  # a round without reports has no estimate, but the release stream keeps its step
+            if self.tops.threshold is None:
+                self._choose_threshold(np.empty(0))
+            self.tops.add(0.0, clip=False)
         return RoundResult(res.round, res.estimate, res.reports,
                            info={"theta": self.tops.threshold if self.tops.threshold is not None else math.nan})

@@ -29,6 +29,11 @@ def clear_previous_run(out: Path) -> None:
                 path.unlink()
 
 
+def _num(x: float | None) -> str:
+    """A figure for the one-line report; n/a where it is unknown (e.g. no round had an estimate)."""
+    return "n/a" if x is None else f"{x:.4g}"
+
+
 def _progress_bar(total: int, enabled: bool):
     if not enabled:
         return None, lambda: None
@@ -67,10 +72,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         result = runner.run(scenario, events=events, progress=update)
     close()
     summary = output.write_run_dir(result, out, ledger_rows=not args.no_ledger_rows, transcript=args.transcript)
-    err, eps = summary["error"], summary["epsilon"]
-    print(f"mean |error| {err['mean_abs']:.4g}, max |error| {err['max_abs']:.4g}; per-device spend: "
-          f"max {eps['max']:.4g}, mean {eps['mean']:.4g}, p99 {eps['p99']:.4g}; "
-          f"messages rejected {summary['messages']['rejected']}; {summary['wall_seconds']:.2f} s")
+    err, eps, pv = summary["error"], summary["epsilon"], summary["privacy"]
+    print(f"mean |error| {_num(err['mean_abs'])}, max |error| {_num(err['max_abs'])}; per-device spend: "
+          f"max {_num(eps['max'])}, mean {_num(eps['mean'])}, p99 {_num(eps['p99'])} "
+          f"(guarantee {_num(pv['guarantee'])}); messages rejected {summary['messages']['rejected']}; "
+          f"{summary['wall_seconds']:.2f} s")
     if args.json:
         print(json.dumps(summary, indent=2))
     return 0
