@@ -105,6 +105,13 @@ class ToplParams:
     def make_devices(self, seed: int, device_ids: np.ndarray, limits: Limits | None = None) -> "ToplDevices":
         return ToplDevices(self, seed, device_ids, limits)
 
+    def threshold_version(self, r: int) -> int:
+        """The version a threshold chosen in round ``r`` carries: how many threshold rounds there are in 1..r
+        (a public schedule, so a device can tell a genuine broadcast's version from a reused or invented one)."""
+        every = self.rethreshold_every
+        count = 1 + ((r - 1) // every if every > 0 else 0)
+        return count + sum(1 for t in self.rethreshold_at if t <= r and not (t == 1 or every > 0 and (t - 1) % every == 0))
+
     def plausible_theta(self, theta: float) -> bool:
         """A threshold a device accepts: finite and in [max_value x 1e-9, max_value]. (Privacy never depends on
         theta, since HM is eps-LDP for any input in [-1, 1]; an absurd theta only ruins the estimates.)"""
@@ -166,8 +173,9 @@ class ToplDevices:
 
     def respond(self, msg: CollectionRequest | Threshold, day: int, values: np.ndarray, now: float,
                 present: np.ndarray | None = None) -> tuple[ReportBatch | None, list[Charge]]:
-        """Answer the current round inside the horizon; a threshold must be plausible and newer than the one
-        a device holds; anything else is ignored (and counted), never fatal."""
+        """Answer the current round inside the horizon. A threshold is taken only in a threshold round, under
+        that round's version (:meth:`ToplParams.threshold_version`), plausible, and newer than the device's;
+        anything else is ignored (and counted), never fatal."""
         p = self.params
         r = msg.round
         if (not isinstance(msg, (CollectionRequest, Threshold)) or msg.protocol != p.name or r != day
@@ -177,8 +185,8 @@ class ToplDevices:
         here = np.ones(self.device_ids.size, bool) if present is None else present
         holdout = self.in_holdout(r) if p.threshold_round(r) else np.zeros(self.device_ids.size, bool)
         if isinstance(msg, Threshold):
-            if not p.plausible_theta(msg.theta):
-                self.guard.ignore()
+            if not (p.threshold_round(r) and msg.version == p.threshold_version(r) and p.plausible_theta(msg.theta)):
+                self.guard.ignore()  # thresholds come only in threshold rounds, under that round's version
                 return None, []
             # the broadcast theta applies from its round on; devices that missed it keep theirs (and say so)
             newer = here & (msg.version > self.version)

@@ -116,7 +116,7 @@ def live_result(sc: Scenario, server: LiveCollector, book: RoundBook, ledger: Le
     network.traffic.messages_sent = server.frames_sent + server.stats.received  # both directions
     network.traffic.messages_delivered = network.traffic.messages_sent
     return RunResult(sc, book.records, ledger, book.world, server, network, server.protocol.transcript_digest(),
-                     wall, 0, extra={"dropped_connections": server.dropped})
+                     wall, 0, extra={"dropped_connections": server.dropped, "runtime": "live"})
 
 
 def run_live(sc: Scenario, connections: int = 2, events: TextIO | None = None,

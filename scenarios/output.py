@@ -223,6 +223,7 @@ def summary(result: RunResult) -> dict:
         "scenario": sc.name,
         "protocol": sc.protocol.name,
         "seed": sc.seed,
+        "runtime": result.extra.get("runtime", "simulated"),
         "devices": sc.devices,
         "rounds": sc.rounds,
         "cohort_size": sc.simulation.cohort_size,

@@ -1,0 +1,748 @@
+"""``ldpsim audit RUN_DIR``: an independent check of a finished run, device by device.
+
+The audit reads what the run left behind (scenario.json, summary.json, transcript.parquet, ledger.parquet,
+downlink.jsonl), chooses devices (all up to 100,000, else a keyed sample; ``--devices N`` or ``all``),
+rebuilds each chosen device's private values day by day from the scenario and seed (agents.world.World, the
+same keyed draws), and replays it through its reference model (scenarios/reference.py: one device, plain
+Python, written from the formulas) against every broadcast the collector recorded, in order, with the
+per-device downlink loss recomputed from its keyed draws. Then it compares:
+
+- every transcript row of the device with the reference report of that round and stage (``report_value``;
+  a row with no reference report: ``unexpected_report``; two rows for one report: ``duplicate_report``);
+- every reference report missing from the transcript with the network's keyed loss and latency draws: lost
+  or late is fine (counted under ``not_delivered``), otherwise ``missing_report``; a row the network should
+  have lost or delayed past the deadline is ``unexpected_delivery``;
+- the reference charges with the device's ledger rows, as multisets of (round, reason, amount)
+  (``charge_amount``, ``charge_missing``, ``charge_unexpected``);
+- each device's total with summary.json's ``privacy.guarantee`` (``over_guarantee``) and budget
+  (``over_budget``), and with spend.parquet where the run kept its own ledger (``spend_total``);
+- the transcript digest recomputed from transcript.parquet with summary.json's ``digests.transcript``
+  (``transcript_digest``).
+
+Floats compare to 1e-9 relative. The result goes to RUN_DIR/audit.json (atomically): devices, reports and
+charges checked, mismatches by kind with the first examples of each, the largest spend, the guarantee, and
+the verdict, "clean" or "failed". Exit status 0 when clean, 1 when not, 2 for a run directory that cannot be
+audited (a one-line error naming what is missing or malformed).
+
+Scope: runs of the simulated runtime (``ldpsim run``) and of the live one (``ldpsim live``, ``ldpsim serve``),
+whose downlink.jsonl carries the simulator's nominal times. A live run has no simulated network (every
+broadcast reaches every connected device; no keyed loss or latency): it is replayed without downlink loss,
+and a reference report missing from its transcript is counted as ``unverified`` instead of lost or late
+(the runtime is summary.json's ``runtime``, else the first event's in events.jsonl).
+
+``--ledger PATH`` (repeatable) audits against the ledger.parquet files that device shards wrote
+(``ldpsim devices --out``) instead of RUN_DIR's.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+import sys
+import time
+from array import array
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from protocols import keyed
+from protocols.keyed import Purpose, stream_key
+from protocols.messages import CollectionRequest, Decision, Threshold
+from scenarios import reference
+from scenarios.schema import Scenario, ScenarioError, parse
+
+DEFAULT_DEVICES = 100_000
+EXAMPLES = 5  # examples kept per mismatch kind
+REL_TOL = 1e-9
+#: stream purpose of the audit's device sample (not a protocols.keyed.Purpose: no device draws it)
+AUDIT_SAMPLE = 0x61756469
+KINDS = {"collect": 1, "decision": 2, "threshold": 3}  # keys of the downlink loss draws (agents/cohort.py)
+MISMATCH_KINDS = ("report_value", "unexpected_report", "duplicate_report", "missing_report", "unexpected_delivery",
+                  "report_columns", "charge_amount", "charge_missing", "charge_unexpected", "over_guarantee",
+                  "over_budget", "spend_total", "transcript_digest")
+
+
+class AuditInputError(ScenarioError):
+    """A run directory that cannot be audited; the message names the file and what is wrong with it."""
+
+
+# ------------------------------------------------------------------------------------------- inputs
+@dataclass
+class RunFiles:
+    run_dir: Path
+    scenario: Scenario
+    summary: dict
+    downlink: list[Any]  # message objects in broadcast order
+    times: list[float]  # their simulated send times
+    transcript: Any  # pyarrow Table
+    ledger: Any  # pyarrow Table
+    ledger_source: str
+    spend: Any | None = None
+    runtime: str = "simulated"  # "live": real TCP, no simulated loss, latency or downlink loss
+
+
+def _json(path: Path) -> Any:
+    if not path.is_file():
+        raise AuditInputError(f"{path}: missing")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise AuditInputError(f"{path}: not valid JSON: {exc}") from None
+
+
+def _message(record: Any, where: str) -> tuple[float, Any]:
+    """One downlink.jsonl record as (send time, message object)."""
+    try:
+        kind = record["type"]
+        common = dict(round=int(record["round"]), protocol=str(record["protocol"]), deadline=float(record["deadline"]))
+        if kind == "collect":
+            msg: Any = CollectionRequest(**common)
+        elif kind == "decision":
+            if not isinstance(record["update"], bool):
+                raise TypeError("update must be true or false")
+            msg = Decision(update=record["update"], **common)
+        elif kind == "threshold":
+            msg = Threshold(theta=float(record["theta"]), version=int(record["version"]), **common)
+        else:
+            raise ValueError(f"unknown type {kind!r}")
+        t = float(record["time"])
+        if not math.isfinite(t) or not math.isfinite(msg.deadline):
+            raise ValueError("time and deadline must be finite")
+        return t, msg
+    except (KeyError, TypeError, ValueError) as exc:
+        raise AuditInputError(f"{where}: malformed broadcast record: {exc!s}"[:300]) from None
+
+
+def _parquet(path: Path, what: str, required: Sequence[str]) -> Any:
+    import pyarrow.parquet as pq
+
+    if not path.is_file():
+        raise AuditInputError(f"{path}: missing ({what})")
+    try:
+        table = pq.read_table(path)
+    except Exception as exc:  # pyarrow raises several types for a damaged file
+        raise AuditInputError(f"{path}: not a readable Parquet file: {exc!s}"[:300]) from None
+    missing = [c for c in required if c not in table.column_names]
+    if missing:
+        raise AuditInputError(f"{path}: no column {missing[0]!r}")
+    return table
+
+
+def load(run_dir: Path | str, ledgers: Sequence[Path | str] | None = None) -> RunFiles:
+    """Read and validate everything an audit needs; AuditInputError names the first problem."""
+    import pyarrow as pa
+
+    from scenarios import tables
+
+    run = Path(run_dir)
+    if not run.is_dir():
+        raise AuditInputError(f"{run}: not a run directory")
+    summary = _json(run / "summary.json")
+    raw = _json(run / "scenario.json")
+    if not isinstance(summary, dict) or not isinstance(raw, dict):
+        raise AuditInputError(f"{run}: summary.json and scenario.json must hold JSON objects")
+    try:
+        scenario = parse(raw)
+    except ScenarioError as exc:
+        raise AuditInputError(f"{run / 'scenario.json'}: {exc}") from None
+    except (TypeError, ValueError) as exc:
+        raise AuditInputError(f"{run / 'scenario.json'}: invalid scenario: {exc}") from None
+    privacy = summary.get("privacy")
+    if not isinstance(privacy, dict) or not isinstance(privacy.get("guarantee"), (int, float)):
+        raise AuditInputError(f"{run / 'summary.json'}: no privacy.guarantee")
+    digest = (summary.get("digests") or {}).get("transcript")
+    if not isinstance(digest, str):
+        raise AuditInputError(f"{run / 'summary.json'}: no digests.transcript")
+    if summary.get("protocol") != scenario.protocol.name or summary.get("seed") != scenario.seed:
+        raise AuditInputError(f"{run / 'summary.json'}: protocol or seed differ from scenario.json")
+    path = run / "downlink.jsonl"
+    if not path.is_file():
+        raise AuditInputError(f"{path}: missing (the collector's broadcasts)")
+    downlink, times = [], []
+    with open(path, encoding="utf-8") as f:
+        for i, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise AuditInputError(f"{path}:{i}: not valid JSON: {exc}") from None
+            t, msg = _message(record, f"{path}:{i}")
+            times.append(t)
+            downlink.append(msg)
+    if any(b < a for a, b in zip(times, times[1:])):
+        raise AuditInputError(f"{path}: broadcasts are not in time order")
+    transcript = _parquet(run / tables.TRANSCRIPT, "the delivered reports; write it with ldpsim run --transcript "
+                          "always", ("stage", "round", "device"))
+    try:
+        meta = tables.transcript_meta(transcript)
+    except ValueError as exc:
+        raise AuditInputError(f"{run / tables.TRANSCRIPT}: {exc}") from None
+    if meta.get("protocol") != scenario.protocol.name:
+        raise AuditInputError(f"{run / tables.TRANSCRIPT}: holds protocol {meta.get('protocol')!r}, the scenario "
+                              f"runs {scenario.protocol.name!r}")
+    need = ("device", "round", "reason", "amount")
+    if ledgers:
+        parts = [_parquet(Path(p), "a device shard's ledger", need).select(list(need)) for p in ledgers]
+        ledger = pa.concat_tables([_plain_reason(t) for t in parts])
+        source = f"{len(parts)} device shard ledger(s)"
+    else:
+        shards = privacy.get("ledger") == "device shards"
+        hint = ("the run's ledger is kept by its device shards: pass --ledger" if shards
+                else "the run was written with --no-ledger-rows")
+        ledger = _plain_reason(_parquet(run / tables.LEDGER, hint, need).select(list(need)))
+        source = "ledger.parquet"
+    spend = None
+    if not ledgers and (run / tables.SPEND).is_file() and privacy.get("ledger", "this run") == "this run":
+        spend = _parquet(run / tables.SPEND, "per-device spend", ("device", "spend"))
+    return RunFiles(run, scenario, summary, downlink, times, transcript, ledger, source, spend, _runtime(run, summary))
+
+
+def _runtime(run: Path, summary: dict) -> str:
+    """Which runtime wrote the run: summary.json's ``runtime`` if it says, else the first event of
+    events.jsonl (the live runtime tags every event with ``"runtime": "live"``), else simulated."""
+    if isinstance(summary.get("runtime"), str):
+        return summary["runtime"]
+    try:
+        with open(run / "events.jsonl", encoding="utf-8") as f:
+            first = json.loads(f.readline() or "{}")
+        return str(first.get("runtime", "simulated")) if isinstance(first, dict) else "simulated"
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return "simulated"
+
+
+def _plain_reason(table: Any) -> Any:
+    """The reason column as plain strings (shards' dictionaries differ)."""
+    import pyarrow as pa
+
+    i = table.column_names.index("reason")
+    return table.set_column(i, "reason", table.column("reason").cast(pa.string()))
+
+
+# ------------------------------------------------------------------------------------------- devices
+def choose_devices(n: int, seed: int, wanted: int | str | None) -> tuple[np.ndarray, str]:
+    """The devices to audit, sorted, and how they were chosen: all (``"all"``, or None with n <= 100,000), or a
+    keyed sample of ``wanted`` (default 100,000): the devices with the smallest keyed uniforms."""
+    if wanted == "all" or (wanted is None and n <= DEFAULT_DEVICES):
+        return np.arange(n, dtype=np.int64), "all"
+    k = DEFAULT_DEVICES if wanted is None else int(wanted)
+    if k >= n:
+        return np.arange(n, dtype=np.int64), "all"
+    key_ = stream_key(seed, AUDIT_SAMPLE)
+    best_u, best_id = np.empty(0), np.empty(0, np.int64)
+    for lo in range(0, n, 1 << 24):  # bounded memory whatever the population
+        ids = np.arange(lo, min(n, lo + (1 << 24)), dtype=np.int64)
+        u = np.concatenate([best_u, keyed.uniform(key_, ids)])
+        ids = np.concatenate([best_id, ids])
+        keep = np.argpartition(u, k - 1)[:k] if u.size > k else np.arange(u.size)
+        best_u, best_id = u[keep], ids[keep]
+    return np.sort(best_id), f"keyed sample of {k:,}"
+
+
+# ------------------------------------------------------------------------------------------- schedule
+def _stages(params: Any, t: int) -> int:
+    """Broadcast stages of collection t (THRESH: votes, estimates; ToPL threshold rounds: holdout, reports)."""
+    if params.name == "thresh":
+        return 2
+    if params.name == "topl" and params.threshold_round(t):
+        return 2
+    return 1
+
+
+def world_days(sc: Scenario, times: Sequence[float]) -> tuple[list[int], int]:
+    """The day the world is at when each broadcast is sent, and the last day needed. The runner's clock:
+    day r starts at max((r - 1) x round_seconds, the end of the previous collection); a collection (on the
+    last day of each epoch) lasts its stages x deadline; hostile collectors' extra rounds go on the same way."""
+    rs, dl = sc.simulation.round_seconds, sc.network.deadline
+    length = int(getattr(sc.protocol, "epoch_length", 1))
+    last = max(times) if times else 0.0
+    starts: list[float] = []
+    now, day = 0.0, 0
+    while day < sc.rounds or (now <= last + dl and day < sc.rounds + 1000 * length):
+        day += 1
+        now = max(now, (day - 1) * rs)
+        starts.append(now)
+        if day % length == 0:
+            now += _stages(sc.protocol, day // length) * dl
+    # a broadcast is sent at or after its day's start and at least a deadline before the next day's
+    out = [max(1, bisect.bisect_right(starts, t + dl / 2)) for t in times]
+    return out, max([sc.rounds, *out])
+
+
+# ------------------------------------------------------------------------------------------- replay
+class StageReports:
+    """Reference reports of one stage, column by column in compact arrays (for vectorized comparison):
+    the device, the round, the broadcast it answered (its index in downlink.jsonl), and each column's values
+    (width values a report, flattened)."""
+
+    def __init__(self, columns: dict[str, tuple[str, int]]) -> None:
+        self.spec = dict(columns)  # name -> (numpy dtype name, width), from the transcript's metadata
+        self.device = array("q")
+        self.round = array("q")
+        self.message = array("q")
+        self.columns: dict[str, array] = {c: array(_typecode(d)) for c, (d, _) in self.spec.items()}
+        self.extra: set[str] = set()  # columns the reference sends that the transcript does not have
+        self.missing: set[str] = set()  # columns the transcript has that the reference does not send
+        self.count = 0
+
+    def add(self, device: int, round_: int, message: int, values: dict[str, Any]) -> None:
+        self.device.append(device)
+        self.round.append(round_)
+        self.message.append(message)
+        self.count += 1
+        if len(values) != len(self.columns) or not values.keys() <= self.columns.keys():
+            self.extra.update(set(values) - set(self.columns))
+            self.missing.update(set(self.columns) - set(values))
+            return
+        for c, v in values.items():
+            if type(v) is tuple:
+                self.columns[c].extend(v)
+            else:
+                self.columns[c].append(v)
+
+    def values(self, name: str) -> np.ndarray:
+        dtype, width = self.spec[name]
+        a = np.frombuffer(self.columns[name], dtype=np.float64 if np.dtype(dtype).kind == "f" else np.int64)
+        return a.reshape(-1, width) if width > 1 else a
+
+
+def _typecode(dtype: str) -> str:
+    return "d" if np.dtype(dtype).kind == "f" else "q"
+
+
+@dataclass
+class Replay:
+    stages: dict[str, StageReports]
+    charges: tuple[array, array, list[str], array, array]  # device, round, reasons, reason index, amount
+    spent: np.ndarray  # the reference devices' own totals
+    time_left: np.ndarray  # per broadcast: its deadline minus the time it reached the devices
+    messages: int
+
+
+def replay(files: RunFiles, ids: np.ndarray, progress: bool = False) -> Replay:
+    """Every chosen device through its reference model, against every recorded broadcast in order."""
+    from agents.world import World
+    from scenarios import tables
+
+    sc = files.scenario
+    p = sc.protocol
+    net = sc.network
+    world = World(sc.seed, sc.devices, sc.groups, sc.changes, p.max_value)
+    devices = [reference.reference_device(p, sc.seed, int(i), sc.limits) for i in ids]
+    epoch = hasattr(p, "epoch_length")
+    simulated = files.runtime != "live"  # the live runtime has no simulated network: every broadcast arrives
+    days, last_day = world_days(sc, files.times)
+    by_day: dict[int, list[int]] = defaultdict(list)
+    for k, d in enumerate(days):
+        by_day[d].append(k)
+    meta = {s["name"]: {c["name"]: (c["dtype"], int(c["width"])) for c in s["columns"]}
+            for s in tables.transcript_meta(files.transcript)["stages"]}
+    stages = {s: StageReports(meta.get(s, {})) for s in reference.stages_of(p.name)}
+    ch_dev, ch_round, ch_reason, ch_amount = array("q"), array("q"), array("q"), array("d")
+    reasons: dict[str, int] = {}
+    time_left = np.array([m.deadline - (t + net.latency) for m, t in zip(files.downlink, files.times)])
+    id_list = ids.tolist()
+    everyone = [True] * len(id_list)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=last_day + len(files.downlink), unit="step", desc=f"auditing {len(id_list):,} devices",
+                   file=sys.stderr, dynamic_ncols=True)
+    for day in range(1, last_day + 1):
+        world.advance_to(day)
+        present = world.present(ids)
+        here = everyone if present is None else present.tolist()
+        values: list | None = None
+        if epoch:
+            for dev, x, h in zip(devices, world.values(ids)[0].tolist(), here):
+                dev.observe(day, x, h)
+            values = [None] * len(id_list)  # epoch protocols report what they observed
+        for k in by_day.get(day, ()):
+            msg, sent = files.downlink[k], files.times[k]
+            now = sent + net.latency  # a broadcast reaches the devices after the base latency
+            device_day = int(now // sc.simulation.round_seconds) + 1
+            got = here
+            if net.downlink_loss > 0 and simulated:  # keyed per (round, kind, device), as agents/cohort.py draws it
+                u = keyed.uniform(stream_key(sc.seed, Purpose.DOWNLINK, msg.round, KINDS[msg.TYPE]), ids)
+                got = [h and r for h, r in zip(here, (u >= net.downlink_loss).tolist())]
+            if values is None:
+                values = world.values(ids)[0].tolist()
+            for dev, i, x, g in zip(devices, id_list, values, got):
+                rep, charges = dev.on_message(msg, device_day, x, g, now)
+                if rep is not None:
+                    stages[rep.stage].add(i, rep.round, k, rep.columns)
+                for c in charges:
+                    if c.cumulative:
+                        ch_dev.append(i)
+                        ch_round.append(c.round)
+                        ch_reason.append(reasons.setdefault(c.reason, len(reasons)))
+                        ch_amount.append(c.amount)
+            if bar is not None:
+                bar.update(1)
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    spent = np.array([d.spent for d in devices], dtype=np.float64)
+    return Replay(stages, (ch_dev, ch_round, list(reasons), ch_reason, ch_amount), spent, time_left,
+                  len(files.downlink))
+
+
+# ------------------------------------------------------------------------------------------- comparison
+class Findings:
+    """Mismatches by kind: a count and the first few examples."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+        self.examples: dict[str, list[dict]] = defaultdict(list)
+
+    def add(self, kind: str, **example: Any) -> None:
+        self.counts[kind] += 1
+        self.example(kind, **example)
+
+    def example(self, kind: str, **example: Any) -> None:
+        """Keep an example without counting it (the count is added separately)."""
+        if len(self.examples[kind]) < EXAMPLES:
+            self.examples[kind].append({k: _plain(v) for k, v in example.items()})
+
+    def count(self, kind: str, n: int) -> None:
+        self.counts[kind] += int(n)
+
+    def as_dict(self) -> dict:
+        return {k: {"count": int(self.counts[k]), "examples": self.examples[k]} for k in sorted(self.counts)
+                if self.counts[k]}
+
+
+def _plain(v: Any) -> Any:
+    """JSON-friendly values for examples."""
+    if isinstance(v, np.ndarray):
+        return [_plain(x) for x in v.tolist()]
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _plain(x) for k, x in v.items()}
+    if isinstance(v, np.generic):
+        return _plain(v.item())
+    if isinstance(v, float) and not math.isfinite(v):
+        return repr(v)
+    return v
+
+
+def _close(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row-wise equality, floats to 1e-9 relative (absolute near 0)."""
+    if a.dtype.kind == "f" or b.dtype.kind == "f":
+        a, b = a.astype(np.float64), b.astype(np.float64)
+        ok = (np.abs(a - b) <= REL_TOL * np.maximum(1.0, np.maximum(np.abs(a), np.abs(b)))) | (a == b)
+    else:
+        ok = a.astype(np.int64) == b.astype(np.int64)
+    return ok.reshape(ok.shape[0], -1).all(axis=1) if ok.ndim > 1 else ok
+
+
+def _column_values(column: Any, width: int) -> np.ndarray:
+    arr = column.combine_chunks() if hasattr(column, "combine_chunks") else column
+    if width > 1:
+        return arr.flatten().to_numpy(zero_copy_only=False).reshape(-1, width)
+    return arr.to_numpy(zero_copy_only=False)
+
+
+ROUND_SPAN = 1 << 32  # report keys: device x 2^32 + round (rounds <= 2^31 - 1)
+
+
+def _keys(device: np.ndarray, round_: np.ndarray) -> np.ndarray:
+    return device.astype(np.int64) * ROUND_SPAN + round_.astype(np.int64)
+
+
+def compare_reports(files: RunFiles, ids: np.ndarray, rep: Replay, findings: Findings) -> dict:
+    """Transcript rows of the chosen devices against the reference reports, stage by stage."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    sc = files.scenario
+    table = files.transcript
+    if ids.size < sc.devices:
+        table = table.filter(pc.is_in(table["device"], value_set=pa.array(ids, pa.int64())))
+    stage_col = table["stage"].cast(pa.string())
+    counts = {"transcript_rows": int(table.num_rows), "reference_reports": 0, "matched": 0,
+              "not_delivered": {"lost": 0, "late": 0}}
+    names = set(pc.unique(stage_col).to_pylist()) if table.num_rows else set()
+    for name in sorted(names - set(rep.stages)):
+        findings.add("report_columns", stage=name, problem="the transcript has a stage this protocol does not")
+    for name, ref in rep.stages.items():
+        if ref.extra or ref.missing:
+            findings.add("report_columns", stage=name, transcript=sorted(ref.spec),
+                         reference=sorted((set(ref.spec) - ref.missing) | ref.extra))
+            continue
+        sub = table.filter(pc.equal(stage_col, name))
+        t_dev = sub["device"].to_numpy().astype(np.int64)
+        t_round = sub["round"].to_numpy().astype(np.int64)
+        r_dev = np.frombuffer(ref.device, dtype=np.int64)
+        r_round = np.frombuffer(ref.round, dtype=np.int64)
+        counts["reference_reports"] += ref.count
+        t_key, r_key = _keys(t_dev, t_round), _keys(r_dev, r_round)
+        # one report per device, round and stage: a second row is a duplicate
+        t_sorted = np.sort(t_key)
+        dup = t_sorted[1:][t_sorted[1:] == t_sorted[:-1]]
+        for key_ in dup[:EXAMPLES]:
+            findings.example("duplicate_report", stage=name, device=int(key_ // ROUND_SPAN),
+                             round=int(key_ % ROUND_SPAN))
+        findings.count("duplicate_report", dup.size)
+        order = np.argsort(r_key, kind="stable")
+        r_sorted = r_key[order]
+        pos = np.minimum(np.searchsorted(r_sorted, t_key), max(r_sorted.size - 1, 0))
+        matched = r_sorted[pos] == t_key if r_sorted.size else np.zeros(t_key.size, bool)
+        values = {c: _column_values(sub[c], w) for c, (_, w) in ref.spec.items()}
+        for j in np.flatnonzero(~matched)[:EXAMPLES]:
+            findings.example("unexpected_report", stage=name, device=t_dev[j], round=t_round[j],
+                             row={c: v[j] for c, v in values.items()})
+        findings.count("unexpected_report", np.count_nonzero(~matched))
+        t_idx = np.flatnonzero(matched)
+        r_idx = order[pos[t_idx]]  # the reference report of each matched row
+        counts["matched"] += int(t_idx.size)
+        bad = np.zeros(t_idx.size, dtype=bool)
+        for c in ref.spec:
+            have, want = values[c][t_idx], ref.values(c)[r_idx]
+            ok = _close(have, want)
+            for j in np.flatnonzero(~ok)[:EXAMPLES]:
+                findings.example("report_value", stage=name, device=t_dev[t_idx[j]], round=t_round[t_idx[j]],
+                                 column=c, transcript=have[j], reference=want[j])
+            bad |= ~ok
+        findings.count("report_value", np.count_nonzero(bad))
+        # reference reports without a row must have been lost or late
+        seen = np.zeros(r_dev.size, dtype=bool)
+        seen[r_idx] = True
+        if files.runtime == "live":  # real TCP: no keyed loss or latency to recompute
+            counts["not_delivered"].setdefault("unverified", 0)
+            counts["not_delivered"]["unverified"] += int(np.count_nonzero(~seen))
+            continue
+        lost, late = _network(sc.seed, sc.network, r_dev, r_round,
+                              rep.time_left[np.frombuffer(ref.message, dtype=np.int64)])
+        delivered = ~lost & ~late
+        missing = ~seen & delivered
+        for j in np.flatnonzero(missing)[:EXAMPLES]:
+            findings.example("missing_report", stage=name, device=r_dev[j], round=r_round[j],
+                             reference={c: ref.values(c)[j] for c in ref.spec})
+        findings.count("missing_report", np.count_nonzero(missing))
+        counts["not_delivered"]["lost"] += int(np.count_nonzero(~seen & lost))
+        counts["not_delivered"]["late"] += int(np.count_nonzero(~seen & late))
+        extra = seen & ~delivered
+        for j in np.flatnonzero(extra)[:EXAMPLES]:
+            findings.example("unexpected_delivery", stage=name, device=r_dev[j], round=r_round[j],
+                             network="lost" if lost[j] else "late")
+        findings.count("unexpected_delivery", np.count_nonzero(extra))
+    return counts
+
+
+def _network(seed: int, net: Any, device: np.ndarray, round_: np.ndarray, time_left: np.ndarray
+             ) -> tuple[np.ndarray, np.ndarray]:
+    """(lost, late) of each report from the network's keyed draws (collector/network.py): lost when the loss
+    uniform of (round, device) is below ``loss``; otherwise late unless latency - jitter ln(1 - u) (the
+    latency uniform of (round, device)) is below the time left until the deadline."""
+    lost = np.zeros(device.size, dtype=bool)
+    late = np.zeros(device.size, dtype=bool)
+    for r in np.unique(round_):
+        at = np.flatnonzero(round_ == r)
+        who = device[at]
+        if net.loss > 0:
+            lost[at] = keyed.uniform(stream_key(seed, Purpose.LOSS, int(r)), who) < net.loss
+        if net.jitter > 0:
+            delay = net.latency - net.jitter * np.log1p(-keyed.uniform(stream_key(seed, Purpose.LATENCY, int(r)), who))
+        else:
+            delay = np.full(at.size, net.latency)
+        late[at] = ~(delay < time_left[at])
+    return lost, late & ~lost
+
+
+def compare_charges(files: RunFiles, ids: np.ndarray, rep: Replay, findings: Findings) -> tuple[dict, np.ndarray]:
+    """The chosen devices' ledger rows against the reference charges, per device as multisets of (round,
+    reason, amount); returns the counts and each chosen device's ledger total."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    ledger = files.ledger
+    if ids.size < files.scenario.devices:
+        ledger = ledger.filter(pc.is_in(ledger["device"], value_set=pa.array(ids, pa.int64())))
+    l_dev = ledger["device"].to_numpy().astype(np.int64)
+    l_round = ledger["round"].to_numpy().astype(np.int64)
+    l_amount = ledger["amount"].to_numpy().astype(np.float64)
+    encoded = pc.dictionary_encode(ledger["reason"]).combine_chunks()
+    vocab = list(rep.charges[2])
+    code_of = {s: i for i, s in enumerate(vocab)}
+    for s in encoded.dictionary.to_pylist():
+        code_of.setdefault(s, len(code_of))
+    names = sorted(code_of, key=code_of.get)
+    l_code = np.array([code_of[s] for s in encoded.dictionary.to_pylist()], dtype=np.int64)[
+        encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)] if l_dev.size else np.empty(0, np.int64)
+    r_dev = np.frombuffer(rep.charges[0], dtype=np.int64)
+    r_round = np.frombuffer(rep.charges[1], dtype=np.int64)
+    r_code = np.frombuffer(rep.charges[3], dtype=np.int64)
+    r_amount = np.frombuffer(rep.charges[4], dtype=np.float64)
+    slot_l = np.minimum(np.searchsorted(ids, l_dev), max(ids.size - 1, 0))
+    unknown = ids[slot_l] != l_dev if ids.size else np.ones(l_dev.size, bool)
+    for j in np.flatnonzero(unknown)[:EXAMPLES]:
+        findings.example("charge_unexpected", device=l_dev[j], round=l_round[j], reason=names[l_code[j]],
+                         amount=l_amount[j], problem="no such device in the run")
+    findings.count("charge_unexpected", np.count_nonzero(unknown))
+    keep = ~unknown
+    l_dev, l_round, l_code, l_amount, slot_l = l_dev[keep], l_round[keep], l_code[keep], l_amount[keep], slot_l[keep]
+    slot_r = np.searchsorted(ids, r_dev)
+    totals = np.bincount(slot_l, weights=l_amount, minlength=ids.size)
+    # devices with as many charges on both sides: sorted the same way, their rows align one to one
+    bad = np.bincount(slot_l, minlength=ids.size) != np.bincount(slot_r, minlength=ids.size)
+    lo = np.lexsort((l_amount, l_code, l_round, l_dev))
+    ro = np.lexsort((r_amount, r_code, r_round, r_dev))
+    li, ri = lo[~bad[slot_l[lo]]], ro[~bad[slot_r[ro]]]
+    differ = (l_round[li] != r_round[ri]) | (l_code[li] != r_code[ri]) | ~_close(l_amount[li], r_amount[ri])
+    bad[slot_l[li[differ]]] = True
+    # the devices that differ, one by one: pair what matches, name the rest
+    rows_l: dict[int, list] = defaultdict(list)
+    rows_r: dict[int, list] = defaultdict(list)
+    for j in np.flatnonzero(bad[slot_l]):
+        rows_l[int(l_dev[j])].append((int(l_round[j]), names[l_code[j]], float(l_amount[j])))
+    for j in np.flatnonzero(bad[slot_r]):
+        rows_r[int(r_dev[j])].append((int(r_round[j]), names[r_code[j]], float(r_amount[j])))
+    for dev in ids[bad].tolist():
+        _classify(dev, sorted(rows_r[dev]), sorted(rows_l[dev]), findings)
+    return {"ledger_rows": int(l_dev.size + np.count_nonzero(unknown)), "reference_charges": int(r_dev.size)}, totals
+
+
+def _classify(dev: int, ref_rows: list, led_rows: list, findings: Findings) -> None:
+    def same(a: tuple, b: tuple) -> bool:
+        return a[0] == b[0] and a[1] == b[1] and abs(a[2] - b[2]) <= REL_TOL * max(1.0, abs(a[2]), abs(b[2]))
+
+    ref_left = list(ref_rows)
+    led_left = []
+    for row in led_rows:
+        hit = next((k for k, r in enumerate(ref_left) if same(r, row)), None)
+        if hit is None:
+            led_left.append(row)
+        else:
+            ref_left.pop(hit)
+    for row in list(led_left):
+        hit = next((k for k, r in enumerate(ref_left) if r[:2] == row[:2]), None)
+        if hit is not None:
+            r = ref_left.pop(hit)
+            led_left.remove(row)
+            findings.add("charge_amount", device=dev, round=row[0], reason=row[1], ledger=row[2], reference=r[2])
+    for r in ref_left:
+        findings.add("charge_missing", device=dev, round=r[0], reason=r[1], amount=r[2])
+    for row in led_left:
+        findings.add("charge_unexpected", device=dev, round=row[0], reason=row[1], amount=row[2])
+
+
+def _over(x: np.ndarray, bound: float) -> np.ndarray:
+    return x > bound * (1 + REL_TOL) + 1e-12
+
+
+# ------------------------------------------------------------------------------------------- the audit
+def audit(run_dir: Path | str, devices: int | str | None = None, ledgers: Sequence[Path | str] | None = None,
+          progress: bool = False, write: bool = True) -> dict:
+    """Audit a run directory; returns the audit.json record (and writes it unless ``write`` is False).
+    AuditInputError for a run directory that cannot be audited."""
+    from scenarios import tables
+
+    t0 = time.perf_counter()
+    timing: dict[str, float] = {}
+    files = load(run_dir, ledgers)
+    timing["load"] = time.perf_counter() - t0
+    sc = files.scenario
+    if isinstance(devices, int) and devices < 1:
+        raise AuditInputError(f"--devices {devices}: must be at least 1 (or all)")
+    ids, how = choose_devices(sc.devices, sc.seed, devices)
+    findings = Findings()
+    try:
+        digest: str | None = tables.transcript_digest_of_table(files.transcript)
+    except ValueError as exc:  # rows no collector could have accepted (a repeated report, a device out of range)
+        digest = None
+        findings.add("transcript_digest", problem=str(exc)[:300])
+    if digest is not None and digest != files.summary["digests"]["transcript"]:
+        findings.add("transcript_digest", recomputed=digest, summary=files.summary["digests"]["transcript"])
+    timing["digest"] = time.perf_counter() - t0 - sum(timing.values())
+    rep = replay(files, ids, progress)
+    timing["replay"] = time.perf_counter() - t0 - sum(timing.values())
+    report_counts = compare_reports(files, ids, rep, findings)
+    charge_counts, totals = compare_charges(files, ids, rep, findings)
+    privacy = files.summary["privacy"]
+    guarantee = float(privacy["guarantee"])
+    budget = privacy.get("budget")
+    for kind, bound in (("over_guarantee", guarantee), ("over_budget", budget)):
+        if bound is None:
+            continue
+        over = np.flatnonzero(_over(totals, float(bound)))
+        for j in over[:EXAMPLES]:
+            findings.example(kind, device=ids[j], spend=totals[j], bound=float(bound))
+        findings.count(kind, over.size)
+    if files.spend is not None:  # the run's own per-device totals
+        dev = files.spend["device"].to_numpy().astype(np.int64)
+        val = files.spend["spend"].to_numpy().astype(np.float64)
+        at = np.minimum(np.searchsorted(dev, ids), max(dev.size - 1, 0))
+        table_spend = np.where(dev[at] == ids, val[at], np.nan) if dev.size else np.full(ids.size, np.nan)
+        wrong = ~_close(table_spend, totals)
+        for j in np.flatnonzero(wrong)[:EXAMPLES]:
+            findings.example("spend_total", device=ids[j], spend_table=table_spend[j], ledger=totals[j])
+        findings.count("spend_total", np.count_nonzero(wrong))
+    timing["compare"] = time.perf_counter() - t0 - sum(timing.values())
+    mismatches = findings.as_dict()
+    record = {
+        "run_dir": str(files.run_dir),
+        "scenario": sc.name,
+        "protocol": sc.protocol.name,
+        "seed": sc.seed,
+        "runtime": files.runtime,
+        "devices": {"population": sc.devices, "checked": int(ids.size), "chosen": how},
+        "broadcasts": rep.messages,
+        "reports_checked": report_counts,
+        "charges_checked": {**charge_counts, "source": files.ledger_source},
+        "max_spend": float(totals.max()) if totals.size else 0.0,
+        "reference_max_spend": float(rep.spent.max()) if rep.spent.size else 0.0,
+        "guarantee": guarantee,
+        "budget": budget,
+        "transcript_digest": {"recomputed": digest, "summary": files.summary["digests"]["transcript"]},
+        "mismatches": mismatches,
+        "verdict": "clean" if not mismatches else "failed",
+        "seconds": round(time.perf_counter() - t0, 3),
+        "timing": {k: round(v, 3) for k, v in timing.items()},
+    }
+    if write:
+        with tables.atomic_path(files.run_dir / "audit.json") as tmp:
+            tmp.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    return record
+
+
+def describe(record: dict) -> str:
+    """One line for the terminal."""
+    r, c = record["reports_checked"], record["charges_checked"]
+    head = (f"audit {record['verdict']}: {record['devices']['checked']:,} device(s) ({record['devices']['chosen']}), "
+            f"{r['transcript_rows']:,} transcript row(s) and {r['reference_reports']:,} reference report(s) "
+            f"({', '.join(f'{v:,} {k}' for k, v in r['not_delivered'].items())}), {c['ledger_rows']:,} "
+            f"charge(s); max spend {record['max_spend']:.6g} <= guarantee {record['guarantee']:.6g}")
+    if record["verdict"] == "clean":
+        return head
+    kinds = ", ".join(f"{k} {v['count']:,}" for k, v in record["mismatches"].items())
+    return head.replace("<=", "vs") + f"; mismatches: {kinds}"
+
+
+def parse_devices(text: str | None) -> int | str | None:
+    if text is None:
+        return None
+    if text == "all":
+        return "all"
+    if not text.isdigit() or int(text) < 1:
+        raise AuditInputError(f"--devices {text!r}: expected a positive number or 'all'")
+    return int(text)
+
+
+def main(run_dir: str, devices: str | None, ledgers: Iterable[str] | None, as_json: bool) -> int:
+    """The ``ldpsim audit`` command: 0 clean, 1 failed (AuditInputError -> 2 in scenarios.cli)."""
+    record = audit(run_dir, parse_devices(devices), list(ledgers or []) or None, progress=not as_json)
+    if as_json:
+        print(json.dumps(record, indent=2))
+    else:
+        print(describe(record))
+        for kind, v in record["mismatches"].items():
+            print(f"  {kind}: {v['count']:,}, e.g. {json.dumps(v['examples'][0]) if v['examples'] else ''}"[:400])
+    return 0 if record["verdict"] == "clean" else 1

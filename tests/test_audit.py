@@ -1,0 +1,370 @@
+"""``ldpsim audit`` (scenarios/audit.py): every shipped scenario audits clean, also under each hostile collector
+behavior and with loss, latency, downlink loss, churn and a budget; tampering with the ledger, the transcript
+or a device side's accounting is caught with the right mismatch kind; bad run directories exit 2."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from protocols import onebit, thresh
+from protocols.ledger import MEMO_REVEAL, ROUND_GUARANTEE, Charge
+from scenarios import audit, cli, output, runner, schema
+
+SMALL = {
+    "quickstart": ["population.devices=400", "rounds=6"],
+    "app_usage_31d": ["population.devices=400", "rounds=16"],
+    "apps_multi": ["population.devices=300", "rounds=9"],
+    "usage_histogram": ["population.devices=400", "rounds=11"],
+    "thresh_stable": ["population.devices=1500", "rounds=154"],
+    "thresh_drift": ["population.devices=1500", "rounds=70"],
+    "topl_pos": ["population.devices=400", "rounds=30"],
+    "tops_pos": ["population.devices=400", "rounds=8"],
+}
+HOSTILE = ("beyond_horizon", "replay", "far_future", "bad_threshold")
+
+
+def make_run(path: Path, name: str, extra: list[str] | None = None) -> Path:
+    sc = schema.load(name, SMALL.get(name, []) + (extra or []))
+    output.write_run_dir(runner.run(sc), path, transcript="always")
+    return path
+
+
+def kinds(record: dict) -> set[str]:
+    return set(record["mismatches"])
+
+
+def test_every_shipped_scenario_is_covered() -> None:
+    shipped = {p.stem for p in schema.SHIPPED.glob("*.toml")}
+    assert shipped == set(SMALL)
+
+
+@pytest.mark.parametrize("name", sorted(SMALL))
+def test_shipped_scenarios_audit_clean(tmp_path, name) -> None:
+    run = make_run(tmp_path / name, name)
+    record = audit.audit(run)
+    assert record["verdict"] == "clean", record["mismatches"]
+    assert record["devices"]["checked"] == record["devices"]["population"]
+    assert record["reports_checked"]["transcript_rows"] > 0
+    assert record["reports_checked"]["matched"] == record["reports_checked"]["transcript_rows"]
+    assert record["charges_checked"]["ledger_rows"] == record["charges_checked"]["reference_charges"] > 0
+    assert record["max_spend"] <= record["guarantee"]
+    on_disk = json.loads((run / "audit.json").read_text())
+    assert on_disk["verdict"] == "clean" and on_disk["transcript_digest"]["recomputed"] == on_disk[
+        "transcript_digest"]["summary"]
+
+
+def _with_protocol(base: str, protocol: dict, extra: list[str]) -> schema.Scenario:
+    _, data = schema.read(base)
+    data = schema.apply_overrides(data, SMALL[base] + extra)
+    data["protocol"] = protocol
+    return schema.parse(data)
+
+
+@pytest.mark.parametrize("base,protocol", [
+    ("quickstart", {"name": "1bitmean", "epsilon": 0.5, "max_value": 86400, "gamma": 0.2}),
+    ("quickstart", {"name": "laplace", "epsilon": 1.0, "max_value": 86400}),
+    ("usage_histogram", {"name": "kflip", "epsilon": 1.0, "max_value": 24, "buckets": 24}),
+    ("usage_histogram", {"name": "dbitflip", "epsilon": 1.0, "max_value": 24, "buckets": 24, "bits": 1,
+                         "gamma": 0.1}),
+    ("usage_histogram", {"name": "dbitflippm", "epsilon": 2.0, "max_value": 24, "buckets": 300, "bits": 3}),
+    ("usage_histogram", {"name": "binflip", "epsilon": 1.0, "max_value": 24, "buckets": 6}),
+    ("thresh_stable", {"name": "epochrr", "epsilon": 4.0, "epoch_length": 7}),
+    ("thresh_stable", {"name": "thresh", "epsilon": 2.0, "epoch_length": 7, "a": 0.2, "b": 0.3,
+                       "tau_scale": 0.05, "cap_rule": "strict"}),
+])
+def test_protocols_without_a_shipped_scenario_audit_clean(tmp_path, base, protocol) -> None:
+    sc = _with_protocol(base, protocol, ["network.loss=0.05", "network.downlink_loss=0.1", "privacy.budget=3"])
+    output.write_run_dir(runner.run(sc), tmp_path / "run", transcript="always")
+    record = audit.audit(tmp_path / "run")
+    assert record["protocol"] == protocol["name"]
+    assert record["verdict"] == "clean", record["mismatches"]
+    assert record["reports_checked"]["matched"] > 0
+
+
+@pytest.mark.parametrize("name,extra", [
+    ("quickstart", ["network.jitter=900", "network.loss=0.05", "network.downlink_loss=0.2", "privacy.budget=2.1"]),
+    ("usage_histogram", ["network.downlink_loss=0.15", "privacy.budget=2", "population.groups.1.leaves=6",
+                         "population.groups.0.joins=3"]),
+    ("thresh_stable", ["network.jitter=600", "network.loss=0.05", "network.downlink_loss=0.2",
+                       "privacy.budget=2", "population.groups.1.joins=20"]),
+    ("topl_pos", ["network.downlink_loss=0.3", "network.jitter=900", "privacy.budget=12",
+                  "protocol.rethreshold_every=7"]),
+    ("tops_pos", ["privacy.budget=3.5", "network.loss=0.1"]),
+    ("apps_multi", ["privacy.budget=9", "network.jitter=1200"]),
+])
+def test_lossy_networks_churn_and_budgets_audit_clean(tmp_path, name, extra) -> None:
+    record = audit.audit(make_run(tmp_path / "run", name, extra))
+    assert record["verdict"] == "clean", record["mismatches"]
+    nd = record["reports_checked"]["not_delivered"]
+    if any(k.startswith("network.loss") or k.startswith("network.jitter") for k in extra):
+        assert nd["lost"] + nd["late"] > 0  # the network really lost or delayed reports
+    if record["budget"] is not None:
+        assert record["max_spend"] <= record["budget"] + 1e-9
+
+
+@pytest.fixture(scope="module")
+def honest_runs(tmp_path_factory):
+    """The honest run of a scenario with downlink loss, made once per module."""
+    base = tmp_path_factory.mktemp("honest")
+    made: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name not in made:
+            made[name] = make_run(base / name, name, ["network.downlink_loss=0.1"])
+        return made[name]
+
+    return get
+
+
+@pytest.mark.parametrize("behavior", HOSTILE)
+@pytest.mark.parametrize("name", ["quickstart", "thresh_stable", "topl_pos", "usage_histogram"])
+def test_hostile_collectors_audit_clean(tmp_path, honest_runs, name, behavior) -> None:
+    honest = honest_runs(name)
+    run = make_run(tmp_path / behavior, name, [f'collector.behavior="{behavior}"', "network.downlink_loss=0.1"])
+    lines = lambda p: len((p / "downlink.jsonl").read_text().splitlines())  # noqa: E731
+    assert lines(run) > lines(honest)  # the hostile broadcasts are there
+    record = audit.audit(run)
+    assert record["verdict"] == "clean", record["mismatches"]
+    digest = lambda p: json.loads((p / "summary.json").read_text())["digests"]["ledger"]  # noqa: E731
+    # the devices ignored everything extra (a reused threshold version is refused even by a device that missed
+    # it, since a version is only valid in its own threshold round): the same charges as under an honest one
+    assert digest(run) == digest(honest)
+
+
+def test_always_update_collector_audits_clean(tmp_path) -> None:
+    run = make_run(tmp_path / "au", "thresh_stable", ['collector.behavior="always_update"', "privacy.budget=2.5"])
+    record = audit.audit(run)
+    assert record["verdict"] == "clean", record["mismatches"]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["updates"] == 22
+
+
+# ------------------------------------------------------------------------------------------- tampering
+@pytest.fixture(scope="module")
+def clean_runs(tmp_path_factory) -> dict[str, Path]:
+    base = tmp_path_factory.mktemp("clean")
+    return {name: make_run(base / name, name) for name in ("quickstart", "thresh_stable", "topl_pos")}
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    (dst / "audit.json").unlink(missing_ok=True)
+    return dst
+
+
+def _rewrite(path: Path, table: pa.Table) -> None:
+    pq.write_table(table, path)
+
+
+def test_tampered_ledger_amount(tmp_path, clean_runs) -> None:
+    run = _copy(clean_runs["quickstart"], tmp_path / "run")
+    table = pq.read_table(run / "ledger.parquet")
+    amount = table["amount"].to_numpy().copy()
+    amount[7] += 0.25
+    _rewrite(run / "ledger.parquet", table.set_column(table.column_names.index("amount"), "amount", pa.array(amount)))
+    record = audit.audit(run)
+    assert record["verdict"] == "failed"
+    assert kinds(record) == {"charge_amount", "spend_total"}
+    ex = record["mismatches"]["charge_amount"]["examples"][0]
+    assert ex["device"] == int(table["device"][7].as_py()) and ex["ledger"] == pytest.approx(ex["reference"] + 0.25)
+
+
+def test_tampered_ledger_rows(tmp_path, clean_runs) -> None:
+    """A charge removed and one added to another device."""
+    run = _copy(clean_runs["thresh_stable"], tmp_path / "run")
+    table = pq.read_table(run / "ledger.parquet")
+    extra = table.slice(0, 1).set_column(0, "device", pa.array([int(table["device"][0].as_py()) + 1], pa.int64()))
+    _rewrite(run / "ledger.parquet", pa.concat_tables([table.slice(1), extra.cast(table.schema)]))
+    record = audit.audit(run, write=False)
+    assert {"charge_missing", "charge_unexpected"} <= kinds(record)
+
+
+def test_tampered_transcript_bit(tmp_path, clean_runs) -> None:
+    run = _copy(clean_runs["quickstart"], tmp_path / "run")
+    table = pq.read_table(run / "transcript.parquet")
+    bits = table["bit"].to_numpy().copy()
+    bits[11] ^= 1
+    _rewrite(run / "transcript.parquet", table.set_column(table.column_names.index("bit"), "bit",
+                                                          pa.array(bits, pa.uint8())))
+    record = audit.audit(run)
+    assert kinds(record) == {"report_value", "transcript_digest"}
+    assert record["mismatches"]["report_value"]["count"] == 1
+    ex = record["mismatches"]["report_value"]["examples"][0]
+    assert (ex["device"], ex["round"]) == (table["device"][11].as_py(), table["round"][11].as_py())
+    assert ex["transcript"] != ex["reference"]
+    code = cli.main(["audit", str(run)])
+    assert code == 1
+
+
+def test_tampered_transcript_float_and_rows(tmp_path, clean_runs) -> None:
+    """ToPL: one HM value nudged by 1e-6 (beyond the 1e-9 tolerance), one row removed, one duplicated."""
+    run = _copy(clean_runs["topl_pos"], tmp_path / "run")
+    table = pq.read_table(run / "transcript.parquet")
+    stage = np.asarray(table["stage"].cast(pa.string()).to_pylist())
+    j = int(np.flatnonzero(stage == "report")[3])
+    y = table["y"].to_numpy(zero_copy_only=False).copy()
+    y[j] += 1e-6
+    table = table.set_column(table.column_names.index("y"), "y", pa.array(y, pa.float64()))
+    k = int(np.flatnonzero(stage == "holdout")[0])
+    table = pa.concat_tables([table.slice(0, k), table.slice(k + 1), table.slice(j, 1)])
+    _rewrite(run / "transcript.parquet", table)
+    record = audit.audit(run, write=False)
+    assert {"report_value", "missing_report", "duplicate_report", "transcript_digest"} <= kinds(record)
+
+
+def test_device_side_undercharging_memo_reveals_is_caught(tmp_path, monkeypatch) -> None:
+    """A 1bitrrpm device side that books eps/2 per memo reveal: the ledger no longer matches the reference."""
+    def half_price(guard, params, round_, now, rows, new):
+        if new is None:
+            return original(guard, params, round_, now, rows, new)
+        charges = [guard.charge(round_, now, MEMO_REVEAL, params.epsilon / 2, rows[new])]
+        if params.gamma > 0:
+            charges.append(Charge(round_, now, ROUND_GUARANTEE, params.round_epsilon, guard.device_ids[rows],
+                                  cumulative=False))
+        return charges
+
+    original = onebit.report_charges
+    monkeypatch.setattr(onebit, "report_charges", half_price)
+    run = make_run(tmp_path / "run", "quickstart")
+    record = audit.audit(run)
+    assert kinds(record) == {"charge_amount"}
+    ex = record["mismatches"]["charge_amount"]["examples"][0]
+    assert ex["reason"] == MEMO_REVEAL and ex["ledger"] == pytest.approx(ex["reference"] / 2)
+    assert record["mismatches"]["charge_amount"]["count"] == record["charges_checked"]["ledger_rows"]
+
+
+def test_thresh_without_the_vote_cap_is_caught(tmp_path, monkeypatch) -> None:
+    """A THRESH device side that never adds a to c_V: devices go on voting yes past the cap, so their vote
+    bits and vote reserves disagree with the reference's (the collector, forced to update, makes every
+    change count)."""
+    original = thresh.ThreshDevices._vote
+
+    def no_cap(self, t, rows, now):
+        before = self.cV.copy()
+        out = original(self, t, rows, now)
+        self.cV = before  # the cap increment removed
+        return out
+
+    monkeypatch.setattr(thresh.ThreshDevices, "_vote", no_cap)
+    # low thresholds: many yes votes, so caps close within the run (and tau_L < 1: a forced first yes)
+    run = make_run(tmp_path / "run", "thresh_stable", ['collector.behavior="always_update"', "protocol.tau_scale=0.02"])
+    record = audit.audit(run)
+    assert record["verdict"] == "failed"
+    assert "report_value" in kinds(record)
+    assert {ex["stage"] for ex in record["mismatches"]["report_value"]["examples"]} == {"vote"}
+    # the forced first yes no longer counted: the reserve is 2a K_V instead of 2a (K_V - 1), past the guarantee
+    assert {"charge_amount", "over_guarantee"} <= kinds(record)
+
+
+# ------------------------------------------------------------------------------------------- devices, shards
+def test_device_sample(tmp_path, clean_runs) -> None:
+    record = audit.audit(clean_runs["quickstart"], devices=37, write=False)
+    assert record["devices"]["checked"] == 37 and record["verdict"] == "clean"
+    assert record["devices"]["chosen"] == "keyed sample of 37"
+    ids, how = audit.choose_devices(250_000, 5, None)
+    assert ids.size == audit.DEFAULT_DEVICES and np.all(np.diff(ids) > 0) and how.startswith("keyed sample")
+    again, _ = audit.choose_devices(250_000, 5, None)
+    assert np.array_equal(ids, again)
+    assert audit.choose_devices(10, 5, "all")[0].size == 10 and audit.choose_devices(10, 5, 50)[1] == "all"
+
+
+def test_device_shard_ledgers(tmp_path, clean_runs) -> None:
+    """--ledger: the ledgers of device shards replace the run's; a shard left out leaves charges missing."""
+    run = _copy(clean_runs["thresh_stable"], tmp_path / "run")
+    table = pq.read_table(run / "ledger.parquet")
+    odd = pa.compute.equal(pa.compute.bit_wise_and(table["device"], 1), 1)
+    paths = [tmp_path / "shard-1.parquet", tmp_path / "shard-2.parquet"]
+    pq.write_table(table.filter(odd), paths[0])
+    pq.write_table(table.filter(pa.compute.invert(odd)), paths[1])
+    (run / "ledger.parquet").unlink()
+    assert cli.main(["audit", str(run)]) == 2
+    record = audit.audit(run, ledgers=paths, write=False)
+    assert record["verdict"] == "clean" and record["charges_checked"]["source"] == "2 device shard ledger(s)"
+    record = audit.audit(run, ledgers=paths[:1], write=False)
+    assert kinds(record) == {"charge_missing"}
+
+
+@pytest.mark.parametrize("name,extra", [
+    ("quickstart", ["network.downlink_loss=0.3", 'collector.behavior="replay"']),
+    ("thresh_drift", ['collector.behavior="always_update"']),
+])
+def test_live_runs_audit_clean(tmp_path, name, extra) -> None:
+    """The live runtime over loopback TCP: no simulated loss or downlink loss (the scenario's are not applied
+    there), so the audit replays every broadcast to every device and recomputes no network fate."""
+    from collector.server import LiveSettings
+    from scenarios import live
+
+    sc = schema.load(name, SMALL[name] + extra)
+    run = tmp_path / "live"
+    run.mkdir()
+    with open(run / "events.jsonl", "w", encoding="utf-8") as events:
+        result = live.run_live(sc, connections=2, events=events,
+                               settings=LiveSettings(stage_timeout=2.0, read_timeout=0.3, startup_timeout=10.0))
+    output.write_run_dir(result, run, transcript="always")
+    record = audit.audit(run)
+    assert record["runtime"] == "live"
+    assert record["verdict"] == "clean", record["mismatches"]
+    assert record["reports_checked"]["matched"] == record["reports_checked"]["reference_reports"] > 0
+
+
+# ------------------------------------------------------------------------------------------- the command
+def test_cli_json_and_exit_codes(tmp_path, clean_runs, capsys) -> None:
+    run = _copy(clean_runs["quickstart"], tmp_path / "run")
+    assert cli.main(["audit", str(run), "--json", "--devices", "all"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["verdict"] == "clean" and out["devices"]["chosen"] == "all"
+    assert cli.main(["audit", str(run), "--devices", "zero"]) == 2
+    assert "--devices" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("damage,needle", [
+    (lambda r: (r / "summary.json").unlink(), "summary.json: missing"),
+    (lambda r: (r / "scenario.json").write_text("{"), "scenario.json: not valid JSON"),
+    (lambda r: (r / "downlink.jsonl").unlink(), "downlink.jsonl: missing"),
+    (lambda r: (r / "downlink.jsonl").write_text('{"time": 0, "type": "collect"}\n'), "downlink.jsonl:1: malformed"),
+    (lambda r: (r / "transcript.parquet").unlink(), "transcript.parquet: missing"),
+    (lambda r: (r / "transcript.parquet").write_bytes(b"not parquet"), "transcript.parquet: not a readable"),
+    (lambda r: (r / "ledger.parquet").unlink(), "ledger.parquet: missing"),
+    (lambda r: (r / "scenario.json").write_text(json.dumps({"name": "x"})), "scenario.json: rounds: required"),
+    (lambda r: (r / "summary.json").write_text(json.dumps({"protocol": "1bitrrpm"})), "no privacy.guarantee"),
+])
+def test_bad_run_directories_exit_2(tmp_path, clean_runs, capsys, damage, needle) -> None:
+    run = _copy(clean_runs["quickstart"], tmp_path / "run")
+    damage(run)
+    assert cli.main(["audit", str(run)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and len(err.splitlines()) == 1, err
+    assert not (run / "audit.json").exists()
+
+
+def test_not_a_directory(tmp_path, capsys) -> None:
+    assert cli.main(["audit", str(tmp_path / "nothing")]) == 2
+    assert "not a run directory" in capsys.readouterr().err
+
+
+def test_audit_json_is_replaced_atomically(tmp_path, clean_runs) -> None:
+    run = _copy(clean_runs["quickstart"], tmp_path / "run")
+    (run / "audit.json").write_text("stale")
+    audit.audit(run, devices=10)
+    assert json.loads((run / "audit.json").read_text())["devices"]["checked"] == 10
+    assert not [p for p in run.iterdir() if p.name.startswith(".audit")]
+
+
+def test_reference_models_are_independent() -> None:
+    """The reference models import nothing from the device sides but keys, messages and parameters."""
+    import ast
+    import inspect
+
+    from scenarios import reference
+
+    tree = ast.parse(inspect.getsource(reference))
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert imported <= {"__future__", "math", "functools", "typing", "protocols.keyed", "protocols.messages"}
