@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from scenarios import output, runner
+from scenarios import output, plots, runner
 from scenarios.schema import Scenario, ScenarioError, apply_overrides, parse
 
 
@@ -77,5 +77,4 @@ def _plot(path: Path, epochs, truth, results, sc: Scenario) -> None:
     bottom.set_ylabel("cumulative ε per device")
     bottom.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    plots.save(fig, path)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import matplotlib
@@ -9,6 +10,19 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+
+
+def save(fig: plt.Figure, path: Path, dpi: int = 110) -> None:
+    """Write a figure under a temporary name beside ``path`` and move it into place: a reader never sees a
+    half-written picture."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}{path.suffix}")
+    try:
+        fig.savefig(tmp, dpi=dpi)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+        plt.close(fig)
 
 
 def estimates_plot(path: Path, rounds: np.ndarray, truth: np.ndarray, estimate: np.ndarray, sd: np.ndarray,
@@ -30,7 +44,7 @@ def estimates_plot(path: Path, rounds: np.ndarray, truth: np.ndarray, estimate: 
     bottom.set_ylabel("estimate − truth")
     bottom.set_xlabel("round")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save(fig, path)
     plt.close(fig)
 
 
@@ -66,7 +80,7 @@ def spend_plot(path: Path, history: list[dict[str, float]], final: np.ndarray, t
     if note:
         fig.text(0.01, 0.01, note, fontsize=8, color="dimgray")
     fig.tight_layout(rect=(0, 0.05 if note else 0, 1, 1))
-    fig.savefig(path, dpi=110)
+    save(fig, path)
     plt.close(fig)
 
 
@@ -96,7 +110,7 @@ def histogram_plot(path: Path, rounds: np.ndarray, per_round: list[dict[str, flo
     bottom.set_title(f"round {int(rounds[last])}", fontsize=10)
     bottom.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save(fig, path)
     plt.close(fig)
 
 
@@ -117,7 +131,7 @@ def counters_plot(path: Path, rounds: np.ndarray, truth: np.ndarray, est: np.nda
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save(fig, path)
     plt.close(fig)
 
 
@@ -136,5 +150,5 @@ def epochs_plot(path: Path, epochs: np.ndarray, truth: np.ndarray, est: np.ndarr
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save(fig, path)
     plt.close(fig)

@@ -21,6 +21,8 @@ import math
 import os
 import signal
 import sys
+import threading
+import time
 import traceback
 from collections import defaultdict
 from dataclasses import dataclass
@@ -286,8 +288,27 @@ def run_job(job: tuple[int, int, int, dict[str, Any]]) -> dict[str, Any]:
                 "traceback": traceback.format_exc()}
 
 
-def _ignore_sigint() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is handled by the parent, which stops the pool
+def _worker_init(parent: int) -> None:
+    """A sweep worker: Ctrl-C is handled by the parent, which stops the pool; and the worker exits by itself
+    when its parent dies (even by SIGKILL, which gives the parent no chance to stop it): on Linux the kernel
+    sends it SIGTERM (PR_SET_PDEATHSIG), and everywhere a watcher thread notices the parent has changed."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:  # the parent died before the line above took effect
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 def run_jobs(jobs: list[tuple[int, int, int, dict[str, Any]]], workers: int) -> Iterator[dict[str, Any]]:
@@ -299,7 +320,8 @@ def run_jobs(jobs: list[tuple[int, int, int, dict[str, Any]]], workers: int) -> 
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
-    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_ignore_sigint)
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_worker_init, initargs=(os.getpid(),))
     futures = {pool.submit(run_job, job): job for job in jobs}
     try:
         for fut in as_completed(futures):
@@ -524,6 +546,8 @@ def plot_figures(sweep: Sweep, header: list[str], rows: list[dict[str, Any]], ou
     import matplotlib.pyplot as plt
     import numpy as np
 
+    from scenarios import plots
+
     xkey, others = sweep.keys[0], sweep.keys[1:]
     xvals = sweep.grid[xkey]
     xlabels = value_labels(xvals)
@@ -566,8 +590,7 @@ def plot_figures(sweep: Sweep, header: list[str], rows: list[dict[str, Any]], ou
         ax.grid(True, alpha=0.3)
         fig.tight_layout()
         path = out / f"{col}.png"
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
+        plots.save(fig, path, dpi=100)
         written.append(path)
     return written
 

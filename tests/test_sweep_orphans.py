@@ -1,0 +1,60 @@
+"""A sweep's worker processes exit when their parent dies, even by SIGKILL (no orphaned workers)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes from /proc (Linux)")
+def test_sweep_workers_exit_when_the_parent_is_killed(tmp_path) -> None:
+    cmd = [sys.executable, "-m", "scenarios.cli", "sweep", "quickstart", "--grid", "protocol.epsilon=0.5,1,2,4",
+           "--repeat", "20", "--workers", "2", "--out", str(tmp_path / "sweep"), "--set", "population.devices=200000"]
+    parent = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        workers: list[int] = []
+        deadline = time.monotonic() + 60
+        while len(workers) < 2 and time.monotonic() < deadline and parent.poll() is None:
+            time.sleep(0.2)
+            workers = [p for p in _children(parent.pid) if _alive(p)]
+        assert len(workers) >= 2, "the sweep did not start its workers"
+        time.sleep(1.0)  # let the workers get into their runs
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait(timeout=10)
+        deadline = time.monotonic() + 20
+        while any(_alive(p) for p in workers) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [p for p in workers if _alive(p)], "workers outlived their killed parent"
+    finally:
+        parent.kill()
+        for p in _children(parent.pid):
+            try:
+                os.kill(p, signal.SIGKILL)
+            except OSError:
+                pass
