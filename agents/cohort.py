@@ -1,4 +1,4 @@
-"""A cohort of devices as one SimPy process; a cohort of one is one device (DESIGN.md section 2).
+"""A cohort of devices as one SimPy process; a cohort of one is one device (docs/design.md section 2).
 
 The process waits for collector messages (bytes), decodes them through the wire format, reads its devices'
 current counters from the world, lets the sans-IO device side answer, records the charges in the ledger and

@@ -1,9 +1,10 @@
 """The devices' true counters: population groups, per-device levels, per-round jitter, scripted changes.
 
 A device draws its own level from its group's counter distribution at setup and again when a change hits
-its group; each round its value is level + jitter, clipped to [0, max_value] (ALGORITHMS.md: values are
-clipped before any mechanism sees them, and the clipping is counted). Every draw is keyed
-(DESIGN.md section 3), so a device's values are a pure function of (seed, device, round).
+its group; each round its value is level + jitter, clipped to [0, max_value] (docs/algorithms.md,
+"Notation and conventions": values are clipped before any mechanism sees them, and the clipping is
+counted). Every draw is keyed (docs/design.md section 3), so a device's values are a pure function of
+(seed, device, round).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Loss and latency are properties of each *device's* report, drawn from keyed randomness (seed, device,
 round), never of a cohort's batch: a cohort is a simulation device, so results must not depend on how
-devices are grouped (DESIGN.md section 2). A cohort's batch is split by fate: the reports that arrive
+devices are grouped (docs/design.md section 2). A cohort's batch is split by fate: the reports that arrive
 before the deadline travel together and land when the slowest of them would; late ones travel together
 and land after the deadline (the collector rejects them as late); lost ones never leave. Broadcasts from
 the collector arrive after the base latency, reliably.

@@ -1,5 +1,5 @@
 """The collector as SimPy processes: it runs collection rounds with a deadline, decodes every message it
-receives through the wire format, counts and logs what it rejects, and carries on (DESIGN.md section 5)."""
+receives through the wire format, counts and logs what it rejects, and carries on (docs/design.md section 5)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Keyed (counter-based) randomness: every draw is a pure function of (seed, purpose, context, device).
 
-DESIGN.md section 3. Nothing here keeps state: a draw for device ``i`` in round ``r`` for purpose ``p`` is
+docs/design.md section 3. Nothing here keeps state: a draw for device ``i`` in round ``r`` for purpose ``p`` is
 ``splitmix64(i * GOLDEN + key(seed, p, r, ...))``, the SplitMix64 output function (Steele, Lea, Flood 2014)
 applied to a Weyl sequence started at a per-stream key. Consequently results do not depend on how devices
 are grouped into cohorts, on event order, or on the runtime, and a single device can be replayed alone.

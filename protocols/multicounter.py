@@ -1,7 +1,7 @@
 """Several counters at once (Ding, Kulkarni, Yekhanin 2017, Theorem 7): x_1..x_c, each in [0, m], with
 sum_j x_j <= m (time in c apps within one period), each sent with a fresh 1BitMean bit at eps.
 
-The joint privacy loss of one report (ALGORITHMS.md section 2 asks for the exact worst case; derivation):
+The joint privacy loss of one report (the exact worst case, docs/algorithms.md section 2.5; derivation):
 with p0 = 1/(e^eps + 1) and slope (e^eps - 1)/(e^eps + 1), P[b | x] = prod_j P[b_j | x_j] and
 log P[b_j = 1 | x_j] = log(p0 + slope x_j/m) is increasing and concave, log P[b_j = 0 | x_j] decreasing and
 concave. For an output b with k1 ones and k0 = c - k1 zeros:

@@ -1,4 +1,4 @@
-"""Numeric LDP mechanisms: SR, PM, HM for means and Square Wave + EM for densities (ALGORITHMS.md 1 and 4).
+"""Numeric LDP mechanisms: SR, PM, HM for means and Square Wave + EM for densities (docs/algorithms.md 1.5-1.8, 4.2).
 
 - SR, Stochastic Rounding (Duchi, Jordan, Wainwright, FOCS 2013 / JASA 2018), as stated by Wang et al. ICDE 2019.
 - PM, Piecewise Mechanism, and HM, Hybrid Mechanism (N. Wang, X. Xiao, Y. Yang, J. Zhao et al., "Collecting and
@@ -9,8 +9,8 @@
   differential privacy", CCS 2021): SW without smoothing plus pruning (SW-W, Section 4.1), HM (Appendix E.2) and its
   worst-case variance (Eq. 22) as the noise term of the threshold optimizer.
 
-Formulas are those of ALGORITHMS.md sections 1 and 4 (the papers' text lost its mathematics); equation numbers are
-given only where the text or the authors' code confirms them.
+Formulas are those of docs/algorithms.md sections 1.5-1.8 and 4.2-4.3 (checked against the papers, independent
+implementations or algebra); equation numbers are given only where the text or the authors' code confirms them.
 
 Sans-IO and randomness-free: every randomizer is a pure function of (inputs, eps, uniform arrays). The caller draws
 the uniforms in [0, 1) with the project's keyed randomness, e.g.
@@ -79,7 +79,7 @@ def unit_variance_scale(theta: float) -> float:
 
 # --------------------------------------------------------------------------------------- Stochastic Rounding
 def sr_c(eps: float) -> float:
-    """SR's output magnitude C = (e^eps + 1)/(e^eps - 1) (Duchi et al.; ALGORITHMS.md section 1)."""
+    """SR's output magnitude C = (e^eps + 1)/(e^eps - 1) (Duchi et al.; docs/algorithms.md section 1.5)."""
     eps = _check_eps(eps)
     return (math.exp(eps) + 1.0) / math.expm1(eps)
 
@@ -273,8 +273,8 @@ def sw_transition_matrix(eps: float, d_in: int = 1024, d_out: int = 1024,
                          input_model: Literal["uniform", "center"] = "uniform") -> np.ndarray:
     """M[o, i] = P[SW output in output bin o | input in input bin i], shape (d_out, d_in); columns sum to 1.
 
-    Input bins split [0, 1] and output bins split [-b, 1 + b] evenly (Li et al. SIGMOD 2020; ALGORITHMS.md
-    section 4). The mass is exact, partial-bin overlaps at the window edges included:
+    Input bins split [0, 1] and output bins split [-b, 1 + b] evenly (Li et al. SIGMOD 2020;
+    docs/algorithms.md section 4.2). The mass is exact, partial-bin overlaps at the window edges included:
     P[o | v] = q |bin o| + (p - q) |bin o ∩ [v - b, v + b]|.
 
     - ``input_model="uniform"`` (default, the definition): v uniform in input bin i, i.e. the overlap length
@@ -380,7 +380,7 @@ def _em_kernel(h, band, base, first, count, smoothing, max_iter, tol):
 
 def em_estimate(counts_out: ArrayLike, M: ArrayLike, smoothing: bool = False, max_iter: int = 10000,
                 tol: float = 1e-3) -> tuple[np.ndarray, int]:
-    """Maximum-likelihood input histogram from output counts h by EM (Li et al. SIGMOD 2020; ALGORITHMS.md 4).
+    """Maximum-likelihood input histogram from output counts h by EM (Li et al. SIGMOD 2020; docs/algorithms.md 4.2).
 
     From theta = uniform, each iteration sets theta <- theta * M^T (h / (M theta)) and renormalizes; with
     ``smoothing`` (EMS) the kernel [1, 2, 1]/4 (cut and renormalized to [2, 1]/3 at the edges, as the smoothing

@@ -1,4 +1,4 @@
-"""Error metrics of a run (ALGORITHMS.md section 5).
+"""Error metrics of a run (docs/algorithms.md section 5).
 
 - Means: the absolute error per round; mean and max over rounds.
 - Histograms: max over buckets of |h_hat(v) - h(v)| per round (the papers' metric), and the Wasserstein-1

@@ -25,7 +25,7 @@ that epoch's vote request whether or not this device heard it). ``day`` is the d
 observed). ``report`` is a :class:`Report` (stage, round, columns) or None; ``charges`` a list of
 :class:`Charge` (round, reason, amount, cumulative).
 
-What every device enforces (the guard; formulas in ALGORITHMS.md, rules in protocols/guard.py's docstring):
+What every device enforces (the guard; formulas in docs/algorithms.md, rules in protocols/guard.py's docstring):
 - it answers only messages of its own protocol, for rounds in 1..horizon, for its current day (epoch
   protocols: the epoch it just completed), each round once and in order;
 - ToPL: a threshold must come in a threshold round under that round's version (the number of threshold rounds
@@ -186,7 +186,7 @@ class ReferenceDevice:
 # ------------------------------------------------------------------------------------ 1BitMean, 1BitRRPM
 class OneBitReference(ReferenceDevice):
     """1BitMean (fresh bit each round) and 1BitRRPM (alpha-point rounding, memoized bit per grid value),
-    both with output perturbation gamma (Ding et al. 2017; ALGORITHMS.md sections 1-2)."""
+    both with output perturbation gamma (Ding et al. 2017; docs/algorithms.md sections 1.1 and 2)."""
 
     def __init__(self, params: Any, seed: int, device_id: int, limits: Any = None) -> None:
         super().__init__(params, seed, device_id, limits)
@@ -421,7 +421,7 @@ _DEPENDENCE: dict[tuple, tuple[bool, bool]] = {}
 
 
 class ThreshReference(EpochReference):
-    """THRESH (Joseph, Roth, Ullman, Waggoner 2018, Algorithms 1-3; ALGORITHMS.md section 3), one device.
+    """THRESH (Joseph, Roth, Ullman, Waggoner 2018, Algorithms 1-3; docs/algorithms.md section 3), one device.
 
     After epoch t: VOTE on the collection request (the largest j in -1..L = floor(log2 T) with
     |p_t - p_f| > tau_j, tau_j = 2 (j + 1) sqrt(ln(12 n T/delta)/(2 l)) x tau_scale; yes iff the vote cap is

@@ -1,6 +1,6 @@
 """Scenario files (TOML): loading, ``--set`` overrides, and strict validation with errors that name the field.
 
-A scenario says what happens (DESIGN.md section 7): the population's groups and counter models, scripted
+A scenario says what happens (docs/design.md section 7): the population's groups and counter models, scripted
 behavior changes, the protocol and its parameters, network conditions and the seed. Unknown keys, wrong
 types and inconsistent values are errors; nothing is silently ignored.
 """

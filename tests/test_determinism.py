@@ -1,6 +1,6 @@
 """Results do not depend on how devices are split into cohorts, and one device replays alone.
 
-DESIGN.md sections 2-3: with keyed randomness and per-device network fates, cohort size 1 (one SimPy
+docs/design.md sections 2-3: with keyed randomness and per-device network fates, cohort size 1 (one SimPy
 process per device), 7 and 10,000 must give bit-identical transcripts, ledgers and estimates.
 """
 

@@ -1,4 +1,4 @@
-"""ToPS (Wang et al. CCS 2021, ALGORITHMS.md section 4): keyed Laplace noise, Hay et al. consistency, online
+"""ToPS (Wang et al. CCS 2021, docs/algorithms.md section 4.4): keyed Laplace noise, Hay et al. consistency, online
 release, unbiased range sums, the NM-E threshold and the privacy calibration of the hierarchy.
 
 Tolerances from theory, Z = 4.5 (false-failure rate below 1e-5 per check): a mean of n independent draws is
