@@ -5,21 +5,26 @@ a client that loses its connection reconnects with exponential backoff and keeps
 reveals and privacy caps. Each collector message is answered by every cohort (report batches), followed by
 an empty batch that acknowledges the stage. The devices' own day advances with the rounds asked for (each
 day observed once, in order), and ``now`` is the scenario's nominal time, as in the simulator.
+
+With a deployment secret the client derives its devices' credentials once (protocols.auth), waits for the
+collector's ``Challenge`` on every connection and answers it with an authenticated ``Hello``. With a TLS
+context it connects over TLS (the collector's certificate checked against it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import ssl
 from typing import Any
 
 import numpy as np
 
 from agents.world import World
-from protocols import wire
+from protocols import auth, wire
 from protocols.framing import FrameDecoder, frame
 from protocols.guard import Limits
 from protocols.ledger import Ledger
-from protocols.messages import CollectionRequest, Decision, End, Hello, ReportBatch, Threshold
+from protocols.messages import Challenge, CollectionRequest, Decision, End, Hello, Message, ReportBatch, Threshold
 
 
 class DeviceDays:
@@ -44,13 +49,17 @@ class DeviceClient:
                  ledger: Ledger, deadline: float, latency: float, host: str, port: int,
                  backoff: tuple[float, float] = (0.05, 2.0), max_frame: int = wire.MAX_MESSAGE_BYTES,
                  give_up_after: float = 60.0, days: "DeviceDays | None" = None,
-                 limits: Limits | None = None) -> None:
+                 limits: Limits | None = None, secret: bytes | None = None, tls: ssl.SSLContext | None = None,
+                 server_hostname: str | None = None, challenge_timeout: float = 30.0) -> None:
         self.params, self.world, self.ledger = params, world, ledger
         self.deadline, self.latency = float(deadline), float(latency)
         self.host, self.port, self.backoff, self.max_frame = host, int(port), backoff, max_frame
         self.give_up_after = give_up_after  # seconds of failed connection attempts before the client stops
         ids = np.asarray(device_ids, dtype=np.int64)
         self.ids = ids
+        # the devices' credentials, concatenated (derived once: the secret itself is not kept)
+        self._keys = auth.device_keys(secret, ids) if secret is not None else None
+        self.tls, self.server_hostname, self.challenge_timeout = tls, server_hostname, challenge_timeout
         self.limits = limits or Limits()
         self.cohorts = [params.make_devices(seed, ids[i:i + cohort_size], self.limits)
                         for i in range(0, ids.size, cohort_size)]
@@ -102,8 +111,13 @@ class DeviceClient:
         loop = asyncio.get_running_loop()
         while not self.done:
             try:
-                reader, writer = await asyncio.open_connection(self.host, self.port)
-            except OSError:
+                if self.tls is not None:
+                    reader, writer = await asyncio.wait_for(asyncio.open_connection(
+                        self.host, self.port, ssl=self.tls, server_hostname=self.server_hostname or self.host),
+                        self.challenge_timeout)
+                else:
+                    reader, writer = await asyncio.open_connection(self.host, self.port)
+            except OSError:  # refused, unreachable, TLS failure (ssl.SSLError), timed out
                 failing_since = failing_since if failing_since is not None else loop.time()
                 if loop.time() - failing_since > self.give_up_after:
                     raise ConnectionError(f"no collector at {self.host}:{self.port} for {self.give_up_after:g} s")
@@ -125,11 +139,21 @@ class DeviceClient:
                 await asyncio.sleep(delay)
 
     async def _session(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        hello = Hello(round=self.day // self.epoch_length + 1, protocol=self.params.name,
-                      devices=self.ids.astype(np.uint32))
-        writer.write(frame(wire.encode(hello)))
-        await writer.drain()
         decoder = FrameDecoder(self.max_frame)
+        early: list[Message] = []  # frames that came with the challenge (handled after the Hello)
+        nonce = None
+        if self._keys is not None:
+            nonce = await asyncio.wait_for(self._challenge(reader, decoder, early), self.challenge_timeout)
+            if nonce is None:
+                return
+        round_ = self.day // self.epoch_length + 1
+        devices = self.ids.astype(np.uint32)
+        mac = None if nonce is None else auth.hello_mac(self._keys, nonce, round_, self.params.name, devices)
+        writer.write(frame(wire.encode(Hello(round=round_, protocol=self.params.name, devices=devices, mac=mac))))
+        await writer.drain()
+        for msg in early:
+            if await self._on_message(msg, writer):
+                return
         while True:
             data = await reader.read(1 << 16)
             if not data:
@@ -139,13 +163,38 @@ class DeviceClient:
                     msg = wire.decode(raw)
                 except wire.WireError:
                     continue
-                if isinstance(msg, End):
-                    self.done = True
+                if await self._on_message(msg, writer):
                     return
-                if isinstance(msg, (CollectionRequest, Decision, Threshold)):
-                    for chunk in self.answer(msg):
-                        writer.write(chunk)
-                    await writer.drain()
+
+    async def _challenge(self, reader: asyncio.StreamReader, decoder: FrameDecoder,
+                         early: list[Message]) -> bytes | None:
+        """The collector's challenge nonce (its first frame), or None if the connection closed first."""
+        nonce = None
+        while nonce is None:
+            data = await reader.read(1 << 16)
+            if not data:
+                return None
+            for raw in decoder.feed(data):
+                try:
+                    msg = wire.decode(raw)
+                except wire.WireError:
+                    continue
+                if nonce is None and isinstance(msg, Challenge):
+                    nonce = msg.nonce
+                elif nonce is not None:
+                    early.append(msg)
+        return nonce
+
+    async def _on_message(self, msg: Message, writer: asyncio.StreamWriter) -> bool:
+        """Answer one collector message; True when the run is over."""
+        if isinstance(msg, End):
+            self.done = True
+            return True
+        if isinstance(msg, (CollectionRequest, Decision, Threshold)):
+            for chunk in self.answer(msg):
+                writer.write(chunk)
+            await writer.drain()
+        return False
 
     def disconnect(self) -> None:
         """Drop the current connection (for fault tests); the client reconnects by itself."""

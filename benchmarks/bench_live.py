@@ -156,15 +156,15 @@ class Probe:
         orig_broadcast, orig_check, orig_handle = server._broadcast, server._check_acks, server._handle
         orig_start, orig_closed = server.on_round_start, server.on_round_closed
 
-        async def broadcast(msg) -> None:
+        async def broadcast(msg, *rest) -> None:  # rest: the nominal time (downlink.jsonl)
             if isinstance(msg, CollectionRequest):
                 self.rounds.append({"round": msg.round, "t_broadcast": time.perf_counter(),
                                     "cpu0": time.process_time(), "child_cpu0": self._child_cpu(),
                                     "reports0": server.stats.reports_accepted})
-                await orig_broadcast(msg)
+                await orig_broadcast(msg, *rest)
                 self.rounds[-1]["t_sent"] = time.perf_counter()
             else:
-                await orig_broadcast(msg)
+                await orig_broadcast(msg, *rest)
 
         def check_acks() -> None:
             orig_check()

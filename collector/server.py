@@ -1,4 +1,4 @@
-"""The live collector: the same sans-IO collector side over real TCP with asyncio (DESIGN.md section 4).
+"""The live collector: the same sans-IO collector side over real TCP with asyncio (docs/design.md section 4).
 
 Frames are length-prefixed wire messages (protocols.framing). A device client registers its devices with a
 ``Hello``; the server then runs the rounds in real time: it broadcasts each stage's message (collection
@@ -7,14 +7,35 @@ stage (an empty batch) or the stage timeout passes, and closes the round. Messag
 nominal times (the simulated timeline), so devices charge and answer exactly as in a simulated run and the
 digests agree; real time only paces the exchange.
 
-Hostile input is bounded: a frame over the size limit, bytes that do not decode, a wrong version, or a
-client that stalls mid-frame past the read timeout gets its connection dropped and counted; a well-formed
-batch the protocol refuses is counted and the connection kept. Honest connections are never affected.
+Registration. A device is held by at most one live connection. A Hello is refused (and its connection dropped
+and counted) when it names no device, a device outside the population, a device another live connection holds
+(the holder keeps it: the first registration wins, and only the holder's own departure frees its devices), or
+when the connection already registered. With a deployment secret (``LiveSettings.secret``) the server's first
+frame is a ``Challenge`` nonce and a Hello must carry a MAC from its devices' credentials (protocols.auth);
+a missing, forged or replayed one is refused. The run starts when every device of the population is held by
+a live connection (or at the start timeout).
+
+Hostile input is bounded (every cause counted in ``drops``; summary.json's ``live.dropped``):
+- a frame over ``max_frame`` (``oversized``), bytes that do not decode or a wrong version (``malformed``);
+- a frame not complete within ``read_timeout`` of its first byte (``read_timeout``: trickling a byte at a time
+  does not restart the clock) and no Hello within ``hello_timeout`` of connecting (``hello_timeout``);
+- incomplete frames held across all connections above ``buffer_budget`` bytes (``buffer_budget``);
+- connections beyond ``max_connections`` (default: devices + 64, at most RLIMIT_NOFILE - 64) are closed at
+  once (``connection_limit``);
+- a broadcast is written to every connection at once; a connection whose socket has not taken it within
+  ``write_timeout`` is dropped (``write_timeout``): a reader that stops reading never holds up a stage;
+- a failed TLS handshake (``tls``) and any unexpected exception in a connection's handler (``error``).
+A well-formed batch the protocol refuses is counted as a rejected message and the connection kept. The log
+gets at most one line per drop cause per round, and one line with the round's counts by cause.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import resource
+import socket
+import ssl
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -23,25 +44,69 @@ import numpy as np
 
 from collector.hostile import Hostility, describe
 from collector.process import LOGGED_REJECTIONS_PER_ROUND, CollectorStats
-from protocols import wire
+from protocols import auth, wire
 from protocols.base import CollectorSide, ProtocolError, RoundResult
-from protocols.framing import FrameDecoder, frame
-from protocols.messages import End, Hello, Message, ReportBatch
+from protocols.framing import FrameDecoder, FrameTooLarge, frame
+from protocols.messages import Challenge, End, Hello, Message, ReportBatch
+
+EXTRA_CONNECTIONS = 64  # default connection limit: one per device and this many more
+FD_MARGIN = 64  # file descriptors kept free below RLIMIT_NOFILE (listening socket, logs, run files)
+
+
+def default_max_connections(n_devices: int) -> int:
+    """Devices + 64, but never above the process's RLIMIT_NOFILE minus a margin."""
+    return min(int(n_devices) + EXTRA_CONNECTIONS, fd_ceiling())
+
+
+def fd_ceiling() -> int:
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return 1 << 30 if soft == resource.RLIM_INFINITY else max(1, soft - FD_MARGIN)
+
+
+class _PausedProtocol(asyncio.StreamReaderProtocol):
+    """A connection that starts with reading paused, so that no byte of the client's TLS handshake lands in the
+    plain StreamReader before ``start_tls`` (which resumes reading) takes the transport over. The connection
+    limit and the hello timeout then cover TLS handshakes too."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.pause_reading()  # type: ignore[attr-defined]
+        super().connection_made(transport)
+
+
+class Refused(Exception):
+    """A connection the server drops: ``cause`` is the counter, ``detail`` the log line."""
+
+    def __init__(self, cause: str, detail: str = "") -> None:
+        super().__init__(detail or cause)
+        self.cause, self.detail = cause, detail or cause
 
 
 @dataclass(eq=False)  # identity-hashed: connections live in a set
 class Connection:
     writer: asyncio.StreamWriter
+    serial: int = 0  # > 0; the holder id of the devices it registered
     devices: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     acked: bool = False
+    hello: bool = False  # registered (one Hello per connection)
+    ready: bool = False  # TLS (if any) is up: broadcasts may be written
+    nonce: bytes | None = None  # the challenge its Hello must answer (with a secret)
+    closed: bool = False  # dropped or released
 
 
 @dataclass
 class LiveSettings:
     stage_timeout: float = 5.0  # real seconds a stage stays open at most
-    read_timeout: float = 5.0  # real seconds a started frame may take
+    read_timeout: float = 5.0  # real seconds a whole frame may take from its first byte
     max_frame: int = wire.MAX_MESSAGE_BYTES
     startup_timeout: float = 30.0  # real seconds to wait for every device to register
+    hello_timeout: float = 10.0  # real seconds from connecting to the Hello (TLS handshake included)
+    write_timeout: float = 5.0  # real seconds a broadcast waits for one connection's socket to take it
+    max_connections: int | None = None  # None: devices + 64, at most RLIMIT_NOFILE - 64
+    buffer_budget: int = 256 << 20  # bytes of incomplete frames held across all connections
+    send_buffer: int | None = None  # SO_SNDBUF of accepted sockets (None: the kernel's default)
+    secret: bytes | None = None  # deployment secret: Hellos must be authenticated (protocols.auth)
+    tls: ssl.SSLContext | None = None  # server-side TLS context
+    round_pause: float = 0.0  # real seconds to wait after each round (pacing a demo or a test)
 
 
 class LiveCollector:
@@ -56,13 +121,26 @@ class LiveCollector:
         self.hostility = hostility
         self.downlink: list[dict] = []  # every broadcast, in order, with its nominal time (downlink.jsonl)
         self.stats = CollectorStats()
-        self.dropped = 0  # connections dropped for misbehaving
+        self.drops: dict[str, int] = {}  # connections dropped, by cause
+        self._round_drops: dict[str, int] = {}  # this round's, for the rate-limited log
         self.connections: set[Connection] = set()
-        self.registered = np.zeros(self.n_devices, dtype=bool)  # ever said hello
-        self.connected = np.zeros(self.n_devices, dtype=bool)  # on an open connection now
-        self._missing = 0  # registered devices not connected now (kept as a count: checked on every ack)
+        self.connections_accepted = 0  # every TCP connection the listener accepted
+        ceiling = fd_ceiling()
+        wanted = settings.max_connections or default_max_connections(self.n_devices)
+        self.max_connections = min(int(wanted), ceiling)
+        if wanted > ceiling:
+            log.warning("max_connections_capped", wanted=int(wanted), cap=ceiling)
+        self.registered = np.zeros(self.n_devices, dtype=bool)  # ever registered
+        self.holder = np.zeros(self.n_devices, dtype=np.int64)  # serial of the live connection holding it, or 0
+        self._held = 0  # devices held by a live connection now
+        self._missing = 0  # registered devices not held now (a count: checked on every ack)
+        self._waiting: set[Connection] = set()  # device-holding connections yet to acknowledge the stage
+        self._serial = 0
+        self._buffered = 0  # bytes of incomplete frames across connections
+        self._closing = False
         self.finished = False
         self._stage_open = False
+        self._stage_frame: bytes | None = None
         self._acked = asyncio.Event()
         self._registered = asyncio.Event()
         self._logged = 0
@@ -70,72 +148,179 @@ class LiveCollector:
         self.frames_sent = 0
         self.server: asyncio.base_events.Server | None = None
 
+    @property
+    def dropped(self) -> int:
+        """Connections dropped, all causes."""
+        return sum(self.drops.values())
+
+    @property
+    def connected(self) -> np.ndarray:
+        """Devices on a live connection now."""
+        return self.holder != 0
+
+    def live_summary(self) -> dict:
+        """The live runtime's counters for summary.json (``live``)."""
+        return {"dropped": dict(sorted(self.drops.items())), "connections": self.connections_accepted,
+                "max_connections": self.max_connections, "authenticated": self.settings.secret is not None,
+                "tls": self.settings.tls is not None}
+
     # ------------------------------------------------------------------------------------------ transport
     async def start(self, host: str, port: int) -> int:
+        loop = asyncio.get_running_loop()
+        protocol = _PausedProtocol if self.settings.tls is not None else asyncio.StreamReaderProtocol
+
+        def factory() -> asyncio.StreamReaderProtocol:  # asyncio.start_server's, TLS-aware
+            return protocol(asyncio.StreamReader(limit=1 << 16, loop=loop), self._handle, loop=loop)
+
         # a deep backlog: a thousand clients connecting at once overflowed the default 100 (1 s TCP retries)
-        self.server = await asyncio.start_server(self._handle, host, port, backlog=4096)
+        self.server = await loop.create_server(factory, host, port, backlog=4096)
         return self.server.sockets[0].getsockname()[1]
 
+    def _tune(self, writer: asyncio.StreamWriter) -> None:
+        """drain() returns only once the socket took every byte (a slow reader is then visible at once);
+        optionally a small kernel send buffer."""
+        if self.settings.send_buffer:
+            sock = writer.get_extra_info("socket")
+            if sock is not None:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, int(self.settings.send_buffer))
+        writer.transport.set_write_buffer_limits(high=0)
+
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        conn = Connection(writer)
+        self.connections_accepted += 1
+        if self._closing:
+            writer.transport.abort()
+            return
+        if len(self.connections) >= self.max_connections:
+            self._count_drop("connection_limit", f"{len(self.connections)} connections open (limit "
+                                                 f"{self.max_connections})")
+            writer.transport.abort()
+            return
+        self._serial += 1
+        conn = Connection(writer, self._serial)
         self.connections.add(conn)
-        decoder = FrameDecoder(self.settings.max_frame)
-        reason = "closed"
+        settings = self.settings
+        loop = asyncio.get_running_loop()
+        decoder = FrameDecoder(settings.max_frame)
+        counted = 0  # this connection's bytes in the buffer budget
+        cause, detail = None, ""
         try:
+            hello_by = loop.time() + settings.hello_timeout
+            self._tune(writer)
+            if settings.tls is not None:
+                try:
+                    await asyncio.wait_for(writer.start_tls(settings.tls), max(0.0, hello_by - loop.time()))
+                except (asyncio.TimeoutError, ssl.SSLError, OSError) as exc:
+                    raise Refused("tls", f"TLS handshake failed: {type(exc).__name__}: {exc}") from None
+                self._tune(writer)
+            if settings.secret is not None:
+                conn.nonce = os.urandom(wire.NONCE_BYTES)
+                writer.write(frame(wire.encode(Challenge(max(1, self.current_round), self.protocol.name,
+                                                         conn.nonce))))
+                self.frames_sent += 1
+            conn.ready = True
+            frame_started = 0.0
             while True:
-                timeout = self.settings.read_timeout if decoder.pending else None
-                data = await asyncio.wait_for(reader.read(1 << 16), timeout)
+                deadline = frame_started + settings.read_timeout if decoder.pending else None
+                if not conn.hello:
+                    deadline = hello_by if deadline is None else min(deadline, hello_by)
+                if deadline is None:
+                    data = await reader.read(1 << 16)
+                else:
+                    left = deadline - loop.time()
+                    if left <= 0:
+                        raise asyncio.TimeoutError
+                    data = await asyncio.wait_for(reader.read(1 << 16), left)
                 if not data:
                     break
-                for raw in decoder.feed(data):
+                had = decoder.pending
+                frames = decoder.feed(data)
+                if decoder.pending and (frames or not had):  # a new frame started: its clock starts now
+                    frame_started = loop.time()
+                self._buffered += decoder.pending - counted
+                counted = decoder.pending
+                if self._buffered > settings.buffer_budget:
+                    raise Refused("buffer_budget", f"incomplete frames hold {self._buffered} bytes (budget "
+                                                   f"{settings.buffer_budget})")
+                for raw in frames:
                     self._on_frame(conn, raw)
         except asyncio.TimeoutError:
-            reason = "stalled mid-frame"
+            cause = "read_timeout" if conn.hello or decoder.pending else "hello_timeout"
+            detail = "frame not complete within the read timeout" if cause == "read_timeout" else "no hello in time"
+        except FrameTooLarge as exc:
+            cause, detail = "oversized", str(exc)
         except wire.WireError as exc:
-            reason = str(exc)
-        except (ConnectionError, asyncio.IncompleteReadError):
-            reason = "connection lost"
+            cause, detail = "malformed", str(exc)
+        except Refused as exc:
+            cause, detail = exc.cause, exc.detail
+        except (OSError, asyncio.IncompleteReadError):
+            pass  # the connection is gone (reset, or a TLS error on a closed socket)
+        except asyncio.CancelledError:
+            pass  # shut down: the task ends normally (asyncio's stream callback logs cancelled handlers)
+        except Exception as exc:  # a bug: counted and logged, never an unhandled task error
+            cause, detail = "error", f"{type(exc).__name__}: {exc}"
         finally:
-            if reason != "closed" and reason != "connection lost":
-                self.dropped += 1
-                self.stats.rejected += 1
-                self.stats.reasons["dropped"] = self.stats.reasons.get("dropped", 0) + 1
-                self.log.warning("connection_dropped", reason=reason[:200])
-            self.connections.discard(conn)
-            self._missing += int(np.count_nonzero(self.connected[conn.devices]))
-            self.connected[conn.devices] = False
-            writer.close()
-            self._check_acks()
+            self._buffered -= counted
+            if cause is not None:
+                self._drop(conn, cause, detail)
+            else:
+                self._release(conn)
+                writer.close()
+
+    def _count_drop(self, cause: str, detail: str) -> None:
+        self.drops[cause] = self.drops.get(cause, 0) + 1
+        self.stats.rejected += 1
+        self.stats.reasons["dropped"] = self.stats.reasons.get("dropped", 0) + 1
+        n = self._round_drops[cause] = self._round_drops.get(cause, 0) + 1
+        if n == 1:  # one line per cause per round; the round's counts follow at its end (_log_drops)
+            self.log.warning("connection_dropped", cause=cause, reason=detail[:200], round=self.current_round)
+
+    def _log_drops(self) -> None:
+        if self._round_drops:
+            self.log.warning("connections_dropped", round=self.current_round, counts=dict(self._round_drops))
+        self._round_drops = {}
+
+    def _drop(self, conn: Connection, cause: str, detail: str) -> None:
+        """Count ``conn`` as dropped for ``cause`` (once), free its devices and close it at once."""
+        if conn.closed:
+            return
+        self._count_drop(cause, detail)
+        self._release(conn)
+        conn.writer.transport.abort()
+
+    def _release(self, conn: Connection) -> None:
+        """``conn`` is gone: its devices (only those it holds) are free again."""
+        if conn.closed:
+            return
+        conn.closed = True
+        self.connections.discard(conn)
+        self._waiting.discard(conn)
+        if conn.devices.size:
+            self.holder[conn.devices] = 0
+            self._held -= conn.devices.size
+            self._missing += conn.devices.size
+            self._registered.clear()  # the start gate is open only while every device is held
+        self._check_acks()
 
     def _on_frame(self, conn: Connection, raw: bytes) -> None:
         self.stats.received += 1
-        msg = wire.decode(raw)  # WireError: the connection is dropped by the caller
+        msg = wire.decode(raw, self.settings.max_frame)  # WireError: the connection is dropped by the caller
         if isinstance(msg, Hello):
-            ids = msg.devices.astype(np.int64)
-            if ids.size and int(ids[-1]) >= self.n_devices:
-                raise wire.WireError(f"hello names device {int(ids[-1])} outside the population")
-            conn.devices = ids
-            self._missing -= int(np.count_nonzero(self.registered[ids] & ~self.connected[ids]))
-            self.registered[ids] = True
-            self.connected[ids] = True
-            self.stats.accepted += 1
-            if self.finished:  # a client back after the run ended: tell it so
-                conn.writer.write(frame(wire.encode(End(round=self.rounds, protocol=self.protocol.name))))
-            if self.registered.all():
-                self._registered.set()
+            self._on_hello(conn, msg)
             return
         try:
             if not isinstance(msg, ReportBatch):
                 raise ProtocolError(f"devices may not send {type(msg).__name__} messages")
             if len(msg) == 0 and not msg.columns:  # the client's acknowledgement: nothing more this stage
                 conn.acked = True
+                self._waiting.discard(conn)
                 self._check_acks()
                 return
             if not self._stage_open:
                 self.stats.late += 1
                 raise ProtocolError(f"report batch for round {msg.round} arrived after the stage closed")
-            ids = msg.devices.astype(np.int64)
-            if not np.all(np.isin(ids, conn.devices, assume_unique=True)):
+            ids = msg.devices  # unsigned and strictly increasing (wire.decode): the last is the largest
+            if ids.size and (int(ids[-1]) >= self.n_devices
+                             or not np.all(self.holder[ids.astype(np.int64)] == conn.serial)):
                 raise ProtocolError("batch names devices this connection did not register")
             self.stats.reports_accepted += self.protocol.receive(msg)
             self.stats.accepted += 1
@@ -146,27 +331,81 @@ class LiveCollector:
             if self._logged <= LOGGED_REJECTIONS_PER_ROUND:
                 self.log.warning("message_rejected", kind="protocol", reason=str(exc)[:200])
 
+    def _on_hello(self, conn: Connection, msg: Hello) -> None:
+        """Register the Hello's devices on ``conn``, or raise :class:`Refused` (cheap checks first)."""
+        if conn.hello:
+            raise Refused("second_hello", "a connection registers once")
+        ids = msg.devices  # unsigned and strictly increasing (wire.decode): no duplicates, the last is the largest
+        if ids.size == 0:
+            raise Refused("empty_hello", "a hello names at least one device")
+        if int(ids[-1]) >= self.n_devices:  # compared as Python ints: no int64 wraparound for ids >= 2^63
+            raise Refused("ids_out_of_range", f"hello names device {int(ids[-1])} outside the population of "
+                                              f"{self.n_devices}")
+        ids = ids.astype(np.int64)
+        held = int(np.count_nonzero(self.holder[ids]))
+        if held:
+            raise Refused("ids_held", f"{held} of the hello's {ids.size} devices are held by another connection")
+        secret = self.settings.secret
+        if secret is not None and not auth.verify_hello(secret, conn.nonce or b"", msg.round, msg.protocol, ids,
+                                                        msg.mac):
+            raise Refused("auth", "hello without a valid mac for its devices" if msg.mac is not None
+                          else "hello without a mac (the collector requires device authentication)")
+        conn.hello = True
+        conn.devices = ids
+        conn.acked = False
+        self._waiting.add(conn)
+        self._missing -= int(np.count_nonzero(self.registered[ids]))
+        self.registered[ids] = True
+        self.holder[ids] = conn.serial
+        self._held += ids.size
+        self.stats.accepted += 1
+        if self.finished:  # a client back after the run ended: tell it so
+            conn.writer.write(frame(wire.encode(End(round=self.rounds, protocol=self.protocol.name))))
+        elif self._stage_open and self._stage_frame is not None:  # back mid-stage: the stage's message
+            self.frames_sent += 1  # (devices that already answered it re-send the same reports, or refuse)
+            conn.writer.write(self._stage_frame)
+        if self._held == self.n_devices:
+            self._registered.set()
+
     def _check_acks(self) -> None:
         """A stage is complete when every registered device is connected and every connection acknowledged:
         a client that dropped is waited for (up to the stage timeout) rather than forgotten."""
-        if (self._stage_open and self._missing == 0
-                and all(c.acked for c in self.connections if c.devices.size)):
+        if self._stage_open and self._missing == 0 and not self._waiting:
             self._acked.set()
 
     async def _broadcast(self, msg: Message, nominal: float | None = None) -> None:
+        """Write ``msg`` to every connection at once; a connection whose socket has not taken it within the write
+        timeout is dropped (never waited for again)."""
         if nominal is not None:
             self.downlink.append(describe(msg, nominal))  # type: ignore[arg-type]
         data = frame(wire.encode(msg))
-        for conn in list(self.connections):
+        targets = [c for c in self.connections if c.ready]
+        for conn in targets:
             conn.acked = False
+        self._waiting = {c for c in self.connections if c.devices.size}
         self._acked.clear()
-        for conn in list(self.connections):
-            try:
-                self.frames_sent += 1
-                conn.writer.write(data)
-                await conn.writer.drain()
-            except (ConnectionError, RuntimeError):
-                self.connections.discard(conn)
+        slow = []
+        for conn in targets:
+            transport = conn.writer.transport
+            if transport.is_closing():
+                continue
+            self.frames_sent += 1
+            conn.writer.write(data)
+            if transport.get_write_buffer_size():
+                slow.append(conn)
+        if not slow:
+            return
+        drains = {asyncio.ensure_future(conn.writer.drain()): conn for conn in slow}
+        done, pending = await asyncio.wait(drains, timeout=self.settings.write_timeout)
+        for task in pending:
+            task.cancel()
+            self._drop(drains[task], "write_timeout", f"the socket did not take a broadcast within "
+                                                      f"{self.settings.write_timeout:g} s")
+        for task in done:
+            if not task.cancelled() and task.exception() is not None:
+                conn = drains[task]
+                self._release(conn)
+                conn.writer.transport.abort()
 
     # ------------------------------------------------------------------------------------------ rounds
     async def run(self, first_round: int = 1, last_round: int | None = None, end: bool = True) -> None:
@@ -175,11 +414,12 @@ class LiveCollector:
         try:
             await asyncio.wait_for(self._registered.wait(), self.settings.startup_timeout)
         except asyncio.TimeoutError:
-            self.log.warning("startup_incomplete", registered=int(self.registered.sum()), devices=self.n_devices)
+            self.log.warning("startup_incomplete", registered=self._held, devices=self.n_devices)
         last = last_round or self.rounds
         extra = self.hostility.extra_rounds(self.rounds) if self.hostility is not None and last == self.rounds else []
         for t in [*range(first_round, last + 1), *extra]:
             honest = t <= self.rounds
+            self._log_drops()
             self.current_round, self._logged = t, 0
             if honest and self.on_round_start is not None:
                 self.on_round_start(t)
@@ -189,6 +429,7 @@ class LiveCollector:
                 await self._broadcast(hostile, close_at - self.deadline)
             while msg is not None:
                 self._stage_open = True
+                self._stage_frame = frame(wire.encode(msg))  # also sent to a connection that registers mid-stage
                 await self._broadcast(msg, close_at - self.deadline)
                 for hostile in self.hostility.after(msg) if self.hostility is not None else ():
                     await self._broadcast(hostile, close_at - self.deadline)
@@ -198,23 +439,46 @@ class LiveCollector:
                 except asyncio.TimeoutError:
                     self.log.warning("stage_timeout", round=t)
                 self._stage_open = False
+                self._stage_frame = None
                 closed_at, close_at = close_at, close_at + self.deadline
                 msg = self.protocol.advance(close_at)
             result = self.protocol.close_round()
             if honest and self.on_round_closed is not None:
                 self.on_round_closed(t, result, closed_at)
+            if self.settings.round_pause > 0:
+                await asyncio.sleep(self.settings.round_pause)
         if end:
             self.finished = True
             await self._broadcast(End(round=self.rounds, protocol=self.protocol.name))
+        self._log_drops()
 
     async def wait_for_clients_to_leave(self, timeout: float = 5.0) -> None:
+        """Wait (at most ``timeout``) for the connections holding devices to close after End; a connection
+        that holds none (an idle or hostile one) is not waited for."""
         end = time.monotonic() + timeout
-        while self.connections and time.monotonic() < end:
+        while any(c.devices.size for c in self.connections) and time.monotonic() < end:
             await asyncio.sleep(0.01)
 
-    async def close(self) -> None:
+    async def close(self, timeout: float = 5.0) -> None:
+        """Stop listening and close every connection, then wait for the server to finish. Connections are
+        closed first: from Python 3.12.1 on, ``Server.wait_closed()`` waits for every client connection, so
+        one idle connection would otherwise keep the server from ever closing. One with unsent bytes (a peer
+        that stopped reading) is aborted rather than flushed."""
+        self._closing = True
         if self.server is not None:
             self.server.close()
-            await self.server.wait_closed()
         for conn in list(self.connections):
-            conn.writer.close()
+            transport = conn.writer.transport
+            if transport.get_write_buffer_size():
+                transport.abort()
+            else:
+                transport.close()
+        if self.server is not None:
+            try:
+                await asyncio.wait_for(self.server.wait_closed(), timeout)
+            except asyncio.TimeoutError:
+                for conn in list(self.connections):
+                    conn.writer.transport.abort()
+                if hasattr(self.server, "abort_clients"):  # Python 3.13+
+                    self.server.abort_clients()
+                self.log.warning("close_timeout", connections=len(self.connections))

@@ -1,4 +1,4 @@
-"""What every protocol provides: a device side for a cohort and a collector side (sans-IO, DESIGN.md 1-2).
+"""What every protocol provides: a device side for a cohort and a collector side (sans-IO, docs/design.md sections 1-2).
 
 The runtime (SimPy or asyncio) hands the device side each decoded collector message together with the
 devices' current private values and ``now``; it gets back the messages to send and the ledger charges.

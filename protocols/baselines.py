@@ -1,4 +1,4 @@
-"""Single-round baselines the papers compare against, usable in any scenario (ALGORITHMS.md section 1).
+"""Single-round baselines the papers compare against, usable in any scenario (docs/algorithms.md sections 1.3-1.4).
 
 Each report uses fresh randomness and is charged eps every round (naive repetition):
 - ``kflip``: k-ary randomized response (Kairouz et al.): the true bucket with p = e^eps/(e^eps + k - 1), else
@@ -22,13 +22,14 @@ from protocols.guard import Guarantee, Guard, Limits
 from protocols.keyed import Purpose, stream_key
 from protocols.ledger import FRESH_REPORT, Charge
 from protocols.messages import CollectionRequest, ReportBatch
+from protocols.snapshot import GuardedSnapshot
 from protocols.wire import Bits
 from protocols.wire import bits as wire_bits
 
 KFLIP, LAPLACE = "kflip", "laplace"
 
 
-class FreshDevices:
+class FreshDevices(GuardedSnapshot):
     """Device side shared by the fresh-randomness protocols: one report per round, each charged the
     protocol's per-report loss ``params.round_epsilon`` under ``reason``."""
 

@@ -1,5 +1,5 @@
 """The collector side shared by every single-message-per-round protocol: rounds, batch validation, storage
-of one report per device and round, and the canonical transcript (DESIGN.md sections 5-6).
+of one report per device and round, and the canonical transcript (docs/design.md sections 5 and 8).
 
 A protocol declares its report columns (:class:`Column`: name, dtype, width, value range) and how a round's
 reports become an estimate; everything a hostile or broken batch can get wrong is checked here, and a
@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from protocols import snapshot as snap
 from protocols import transcript as canonical
 from protocols.base import ProtocolError, RoundResult
 from protocols.messages import CollectionRequest, ReportBatch
@@ -165,6 +166,79 @@ class ReportCollector:
         if not self._bits_only:
             return record[lo:hi]
         return np.unpackbits(record[lo // 8:(hi + 7) // 8], axis=0, count=hi - lo)
+
+    # -------------------------------------------------------------------------------- snapshots
+    def record_width(self) -> int:
+        """Bytes a device takes in a stored round record: the presence byte and the column values."""
+        return 1 + sum(np.dtype(c.dtype).itemsize * c.width for c in self.columns)
+
+    def record_array(self, i: int) -> np.ndarray:
+        """Stored round record ``i`` as an array (a spilled one read back whole)."""
+        rec = self.transcript[i][1]
+        return rec if isinstance(rec, np.ndarray) else np.ascontiguousarray(rec.rows(0, rec.shape[0]))
+
+    def stage_snapshot(self, records: bool = True) -> dict:
+        """This stage's rounds and stored transcript (protocols.snapshot); taken between rounds only.
+        ``records=False`` leaves the records out (a journal that stores them apart, once each)."""
+        if self._present is not None:
+            raise ValueError(f"{self.name}: a collector is snapshotted between rounds, not with a stage open")
+        out = {"name": self.name, "n_devices": self.n_devices, "round": self.round, "packed": self._bits_only,
+               "record_width": self.record_width(),
+               "report_counts": np.array(self.report_counts, dtype=np.int64),
+               "record_rounds": np.array([r for r, _ in self.transcript], dtype=np.int64)}
+        if records:
+            out["records"] = [self.record_array(i) for i in range(len(self.transcript))]
+        return out
+
+    def stage_restore(self, state: dict) -> None:
+        """Restore :meth:`stage_snapshot` (with its records) into a fresh stage of the same protocol."""
+        if snap.field(state, "name", str) != self.name or snap.field(state, "n_devices", int) != self.n_devices:
+            raise snap.SnapshotError(f"a {state['name']!r} stage of {state['n_devices']} devices does not fit "
+                                     f"{self.name!r} of {self.n_devices}")
+        if (snap.field(state, "packed", bool) != self._bits_only
+                or snap.field(state, "record_width", int) != self.record_width()):
+            raise snap.SnapshotError(f"stage {self.name!r}: stored records of another column layout")
+        rounds = snap.array(state, "record_rounds", np.int64, (None,))
+        counts = snap.array(state, "report_counts", np.int64, rounds.shape)
+        records = snap.field(state, "records", list)
+        if len(records) != rounds.size or (rounds.size > 1 and np.any(np.diff(rounds) <= 0)):
+            raise snap.SnapshotError(f"stage {self.name!r}: {len(records)} records for {rounds.size} rounds")
+        rows = (self.n_devices + 7) // 8 if self._bits_only else self.n_devices
+        self.transcript, self._kept_bytes = [], 0
+        for rnd, rec in zip(rounds.tolist(), records):
+            if not isinstance(rec, np.ndarray) or rec.dtype != np.uint8 or rec.shape != (rows, self.record_width()):
+                raise snap.SnapshotError(f"stage {self.name!r}: the record of round {rnd} has the wrong shape")
+            rec = np.ascontiguousarray(rec)
+            if not self._bits_only and spill_to is not None and self._kept_bytes + rec.nbytes > SPILL_BYTES:
+                rec = spill_to(rec)
+            self._kept_bytes += rec.nbytes if isinstance(rec, np.ndarray) else 0
+            self.transcript.append((int(rnd), rec))
+        self.report_counts = counts.tolist()
+        self.round = snap.field(state, "round", int)
+        self._present, self._data = None, {}
+
+    def snapshot(self, records: bool = True) -> dict:
+        """What a resumed collector needs (protocols.snapshot): the stages' transcripts (``stages``: name ->
+        stage snapshot, in :meth:`stages` order) and the protocol's own state (:meth:`extra_snapshot`)."""
+        return {"protocol": self.name, "stages": {n: s.stage_snapshot(records) for n, s in self.stages()},
+                **self.extra_snapshot()}
+
+    def restore(self, state: dict) -> None:
+        if snap.field(state, "protocol", str) != self.name:
+            raise snap.SnapshotError(f"a {state['protocol']!r} snapshot cannot be restored into {self.name!r}")
+        stages = snap.field(state, "stages", dict)
+        if list(stages) != [n for n, _ in self.stages()]:
+            raise snap.SnapshotError(f"snapshot stages {list(stages)} are not {[n for n, _ in self.stages()]}")
+        for n, s in self.stages():
+            s.stage_restore(snap.field(stages, n, dict))
+        self.extra_restore(state)
+
+    def extra_snapshot(self) -> dict:
+        """Protocol state beyond the stored transcript (none by default)."""
+        return {}
+
+    def extra_restore(self, state: dict) -> None:
+        return None
 
     def received(self, name: str) -> list[tuple[int, np.ndarray]]:
         """(round, values) of a width-1 integer column for every device, -1 where nothing arrived."""

@@ -1,6 +1,6 @@
 """dBitFlip, dBitFlipPM and BinFlip: histograms over k buckets (Ding, Kulkarni, Yekhanin, NIPS 2017).
 
-ALGORITHMS.md sections 1-2. Each device draws d distinct buckets J once for life (keyed Floyd sampling);
+docs/algorithms.md sections 1.2, 2.2-2.3. Each device draws d distinct buckets J once for life (keyed Floyd sampling);
 each report holds, for every j_p in J, a bit that is 1 with probability e^(eps/2)/(e^(eps/2) + 1) if the
 device's bucket is j_p and 1/(e^(eps/2) + 1) otherwise, which is eps-LDP: two inputs change at most two bits.
 The collector's h_hat(v) = k/(n d) sum over devices with v in J of (b_v (e^(eps/2) + 1) - 1)/(e^(eps/2) - 1)
@@ -33,6 +33,7 @@ from protocols.keyed import Purpose, stream_key
 from protocols.ledger import Charge
 from protocols.memo import RevealSet, admit_reports, report_charges
 from protocols.messages import CollectionRequest, ReportBatch
+from protocols.snapshot import GuardedSnapshot
 from protocols.onebit import epsilon_prime
 from protocols.wire import bits as wire_bits
 
@@ -67,7 +68,7 @@ def histogram_variance(h: np.ndarray, n: int, k: int, d: int, epsilon: float, ga
     Per device the summand Y = (k/d) 1[v in J] Z has E[Y] = t and E[Y^2] = (k/d) E[Z^2 | t], t = 1[bucket = v],
     P[v in J] = d/k. Summing n independent devices: Var = (1/n) [ (k/d) (h A + (1 - h) B) - h ] with A, B from
     :func:`bit_moments`. For gamma = 0 and small h this is about (k/(n d)) ((E + 1)/(E - 1))^2 / 4 with
-    E = e^(eps/2), the approximation in ALGORITHMS.md section 1.
+    E = e^(eps/2), the approximation quoted in docs/algorithms.md section 1.2.
     """
     a, b = bit_moments(epsilon, gamma)
     h = np.asarray(h, dtype=np.float64)
@@ -187,7 +188,7 @@ def _report_kernel(ids, buckets, J, pe, qe, key, memoized, flip_key, gamma, out_
 
 
 # ------------------------------------------------------------------------------------------- device side
-class DBitFlipDevices:
+class DBitFlipDevices(GuardedSnapshot):
     """Device side for a cohort: J fixed at setup; answers each round at most once."""
 
     def __init__(self, params: DBitFlipParams, seed: int, device_ids: np.ndarray, limits: Limits | None = None) -> None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from protocols import keyed
+from protocols import snapshot as snap
 from protocols.base import check_params
 from protocols.collecting import Column, ReportCollector
 from protocols.epochs import EpochMeans
@@ -76,6 +77,15 @@ class EpochRRDevices(EpochMeans):
         self.device_ids = np.ascontiguousarray(device_ids, dtype=np.uint64)
         self.init_epochs(self.device_ids.size, params.epoch_length)
         self.guard = Guard(self.device_ids, limits)
+
+    def snapshot(self) -> dict:
+        """The guard and the epoch sums and means (protocols.snapshot)."""
+        return {**snap.header(self), "guard": self.guard.snapshot(), "epochs": self.epoch_snapshot()}
+
+    def restore(self, state: dict) -> None:
+        snap.check_header(state, self)
+        self.guard.restore(snap.field(state, "guard", dict))
+        self.epoch_restore(snap.field(state, "epochs", dict))
 
     def respond(self, request: CollectionRequest, day: int, values: np.ndarray, now: float,
                 present: np.ndarray | None = None) -> tuple[ReportBatch | None, list[Charge]]:

@@ -49,3 +49,22 @@ class EpochMeans:
             self._sum[:] = 0
             self._count[:] = 0
             self.complete_epoch = day // self.epoch_length
+
+    def epoch_snapshot(self) -> dict:
+        """The epoch sums and means (protocols.snapshot)."""
+        return {"epoch_length": self.epoch_length, "current": self.current.copy(), "valid": self.valid.copy(),
+                "complete_epoch": self.complete_epoch, "sum": self._sum.copy(), "count": self._count.copy(),
+                "day": self._day}
+
+    def epoch_restore(self, state: dict) -> None:
+        from protocols import snapshot as snap
+
+        if snap.field(state, "epoch_length", int) != self.epoch_length:
+            raise snap.SnapshotError(f"epoch length {state['epoch_length']} is not {self.epoch_length}")
+        n = self._sum.shape
+        self.current = snap.array(state, "current", np.float64, n).copy()
+        self.valid = snap.array(state, "valid", np.bool_, n).copy()
+        self._sum = snap.array(state, "sum", np.int64, n).copy()
+        self._count = snap.array(state, "count", np.int64, n).copy()
+        self.complete_epoch = snap.field(state, "complete_epoch", int)
+        self._day = snap.field(state, "day", int)

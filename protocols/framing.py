@@ -1,7 +1,7 @@
 """Length-prefixed frames for the live runtime (sans-IO): a 4-byte big-endian length, then a wire message.
 
 :class:`FrameDecoder` takes bytes as they arrive and returns whole frames; a length above the limit is a
-:class:`~protocols.wire.WireError` before any of the body is buffered (DESIGN.md section 5: bounded sizes).
+:class:`~protocols.wire.WireError` before any of the body is buffered (docs/design.md section 5: bounded sizes).
 """
 
 from __future__ import annotations
@@ -16,6 +16,10 @@ _LEN = struct.Struct(">I")
 def frame(payload: bytes) -> bytes:
     """One frame: length prefix + payload."""
     return _LEN.pack(len(payload)) + payload
+
+
+class FrameTooLarge(WireError):
+    """A frame header announcing more bytes than the limit (raised before any of the body is buffered)."""
 
 
 class FrameDecoder:
@@ -34,7 +38,7 @@ class FrameDecoder:
         while len(self._buf) >= _LEN.size:
             (n,) = _LEN.unpack_from(self._buf)
             if n > self.max_frame:
-                raise WireError(f"frame of {n} bytes exceeds the limit of {self.max_frame}")
+                raise FrameTooLarge(f"frame of {n} bytes exceeds the limit of {self.max_frame}")
             if len(self._buf) < _LEN.size + n:
                 break
             out.append(bytes(self._buf[_LEN.size:_LEN.size + n]))

@@ -1,6 +1,6 @@
 """Device-side privacy enforcement: the horizon, the budget, and the only way a device side makes a charge.
 
-Privacy is enforced where the data is (DESIGN.md section 6): whatever a collector sends, a device answers
+Privacy is enforced where the data is (docs/design.md section 6): whatever a collector sends, a device answers
 only rounds inside the scenario's horizon, each round once and in order, and never spends past its budget.
 Every device side holds one :class:`Guard` per cohort. A cumulative charge is made through
 :meth:`Guard.charge`, which adds the amount to the device's own running total *and* returns the
@@ -53,6 +53,21 @@ class Guard:
         self.last_round = 0
         self.refusals = 0
         self.ignored = 0
+
+    # ------------------------------------------------------------------------------------------ snapshots
+    def snapshot(self) -> dict:
+        """Spend, last round answered and counters (protocols.snapshot)."""
+        return {"device_ids": self.device_ids, "spent": self.spent.copy(), "last_round": self.last_round,
+                "refusals": self.refusals, "ignored": self.ignored}
+
+    def restore(self, state: dict) -> None:
+        from protocols import snapshot as snap
+
+        snap.same_devices(state, self.device_ids)
+        snap.put(self.spent, state, "spent")
+        self.last_round = snap.field(state, "last_round", int)
+        self.refusals = snap.field(state, "refusals", int)
+        self.ignored = snap.field(state, "ignored", int)
 
     # ------------------------------------------------------------------------------------------ rounds
     def in_horizon(self, round_: int) -> bool:

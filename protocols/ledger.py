@@ -1,6 +1,6 @@
 """The privacy ledger: per-device charges (round, time, reason, amount), kept where the guarantee is enforced.
 
-DESIGN.md section 6. Device-side protocol objects return :class:`Charge` records; the runtime appends them
+docs/design.md section 6. Device-side protocol objects return :class:`Charge` records; the runtime appends them
 here. Charges are stored in chunks (one per cohort and reason per round); a chunk whose devices are one
 contiguous id range is kept as that range, so charging every device every round (naive repetition) costs
 no per-device memory. ``cumulative`` charges add to a device's spend (the protocol's own accounting, e.g.
@@ -89,6 +89,64 @@ class Ledger:
                 target[stored] += charge.amount
             else:
                 self.round_epsilon[stored] = np.maximum(self.round_epsilon[stored], charge.amount)
+
+    def snapshot(self) -> dict:
+        """Every charge recorded, the spend, the per-report guarantees and the spend history, as arrays
+        (protocols.snapshot): chunk columns, and the non-contiguous chunks' ids concatenated."""
+        ch = self._chunks
+        reasons = sorted({c[2] for c in ch})
+        code = {r: i for i, r in enumerate(reasons)}
+        ids = [c[7] for c in ch if c[7] is not None]
+        keys = sorted({k for h in self.history for k in h})
+        return {"n_devices": self.n_devices, "spend": self.spend.copy(), "round_epsilon": self.round_epsilon.copy(),
+                "reasons": reasons,
+                "round": np.array([c[0] for c in ch], dtype=np.int64),
+                "time": np.array([c[1] for c in ch], dtype=np.float64),
+                "reason": np.array([code[c[2]] for c in ch], dtype=np.int64),
+                "amount": np.array([c[3] for c in ch], dtype=np.float64),
+                "cumulative": np.array([c[4] for c in ch], dtype=np.bool_),
+                "lo": np.array([c[5] for c in ch], dtype=np.int64), "hi": np.array([c[6] for c in ch], dtype=np.int64),
+                "listed": np.array([c[7] is not None for c in ch], dtype=np.bool_),
+                "ids": np.concatenate(ids).astype(np.int64) if ids else np.empty(0, np.int64),
+                "id_counts": np.array([i.size for i in ids], dtype=np.int64),
+                "history_keys": keys,
+                "history": np.array([[h.get(k, np.nan) for k in keys] for h in self.history],
+                                    dtype=np.float64).reshape(len(self.history), len(keys))}
+
+    def restore(self, state: dict) -> None:
+        """Restore :meth:`snapshot` into an empty ledger of the same population."""
+        from protocols import snapshot as snap
+
+        if snap.field(state, "n_devices", int) != self.n_devices:
+            raise snap.SnapshotError(f"a ledger of {state['n_devices']} devices does not fit {self.n_devices}")
+        n = snap.array(state, "round", np.int64, (None,)).size
+        cols = {k: snap.array(state, k, dt, (n,)).tolist() for k, dt in
+                (("round", np.int64), ("time", np.float64), ("reason", np.int64), ("amount", np.float64),
+                 ("cumulative", np.bool_), ("lo", np.int64), ("hi", np.int64), ("listed", np.bool_))}
+        reasons = snap.field(state, "reasons", list)
+        counts = snap.array(state, "id_counts", np.int64, (sum(cols["listed"]),))
+        ids = snap.array(state, "ids", np.int64, (int(counts.sum()),))
+        if any(not isinstance(r, str) for r in reasons) or any(not 0 <= c < len(reasons) for c in cols["reason"]):
+            raise snap.SnapshotError("ledger snapshot names an unknown charge reason")
+        if any(not 0 <= lo < hi <= self.n_devices for lo, hi in zip(cols["lo"], cols["hi"])):
+            raise snap.SnapshotError("ledger snapshot charges devices outside the population")
+        bounds = np.concatenate(([0], np.cumsum(counts))).tolist()
+        chunks, k = [], 0
+        for i in range(n):
+            listed = None
+            if cols["listed"][i]:
+                listed = ids[bounds[k]:bounds[k + 1]]
+                listed = listed.astype(np.uint32 if self.n_devices <= 2**32 else np.int64)
+                k += 1
+            chunks.append((cols["round"][i], cols["time"][i], reasons[cols["reason"][i]], cols["amount"][i],
+                           bool(cols["cumulative"][i]), cols["lo"][i], cols["hi"][i], listed))
+        keys = snap.field(state, "history_keys", list)
+        history = snap.array(state, "history", np.float64, (None, len(keys)))
+        self.spend = snap.array(state, "spend", np.float64, (self.n_devices,)).copy()
+        self.round_epsilon = snap.array(state, "round_epsilon", np.float64, (self.n_devices,)).copy()
+        self._chunks = chunks
+        self.history = [{k: (int(v) if k == "round" else float(v)) for k, v in zip(keys, row) if not np.isnan(v)}
+                        for row in history.tolist()]
 
     def close_round(self, round_: int, time: float) -> dict[str, float]:
         """Snapshot the distribution of cumulative spend over devices (for the event log and the plot)."""

@@ -1,6 +1,6 @@
 """Permanent memoization: alpha-point rounding and the set of memoized responses a device has revealed.
 
-Ding, Kulkarni, Yekhanin (NIPS 2017), section 3 (ALGORITHMS.md section 2). A device fixes one response per
+Ding, Kulkarni, Yekhanin (NIPS 2017), section 3 (docs/algorithms.md section 2). A device fixes one response per
 memoization input (a grid value for 1BitRRPM, a position of J for dBitFlipPM); the memo table is never stored
 because the response is a keyed pure function of (seed, device, input). What must be stored is which inputs a
 device has already revealed, because the ledger charges eps the first time each is revealed (Theorem 4:
@@ -139,6 +139,28 @@ class RevealSet:
         rows = (old // np.uint64(self.width)).astype(np.int64)
         items = (old % np.uint64(self.width)).astype(np.int64)
         _hash_insert(self._table, self.width, rows, items, scratch)
+
+    def snapshot(self) -> dict:
+        """The revealed (row, input) pairs: the bitset, or the hash table and its count (protocols.snapshot)."""
+        out = {"size": self.size, "width": self.width, "table": self._table.copy()}
+        if not self.dense:
+            out["count"] = self._count
+        return out
+
+    def restore(self, state: dict) -> None:
+        from protocols import snapshot as snap
+
+        if snap.field(state, "size", int) != self.size or snap.field(state, "width", int) != self.width:
+            raise snap.SnapshotError(f"reveal set of {state['size']} x {state['width']} does not fit "
+                                     f"{self.size} x {self.width}")
+        if self.dense:
+            snap.put(self._table, state, "table")
+            return
+        table = snap.array(state, "table", np.uint64, (None,))
+        count = snap.field(state, "count", int)
+        if table.size < 1024 or table.size & (table.size - 1) or int(np.count_nonzero(table)) != count:
+            raise snap.SnapshotError("reveal hash table is malformed")
+        self._table, self._count = table.copy(), count
 
     def counts(self) -> np.ndarray:
         """How many distinct inputs each row has revealed (the behavior-pattern width of Definition 2)."""

@@ -1,6 +1,6 @@
 """The messages devices and collector exchange (decoded form). Encoding and validation: protocols.wire.
 
-DESIGN.md section 5. Report batches carry many devices' reports at once (a cohort's); each report column is a
+docs/design.md section 5. Report batches carry many devices' reports at once (a cohort's); each report column is a
 typed array aligned with ``devices``. The columns a protocol uses are its own business: the collector-side
 protocol object checks their names and ranges.
 """
@@ -64,12 +64,27 @@ class Threshold:
 @dataclass(frozen=True)
 class Hello:
     """Device client -> collector (live runtime): the devices this connection hosts; ``round`` is the next
-    round the client expects (1 on a fresh start; later after a reconnect)."""
+    round the client expects (1 on a fresh start; later after a reconnect). ``mac`` (32 bytes, optional) proves
+    the devices' credentials for the connection's challenge (protocols.auth); a collector with a deployment
+    secret refuses a Hello without a valid one."""
 
     TYPE = "hello"
     round: int
     protocol: str
     devices: np.ndarray
+    mac: bytes | None = None
+
+
+@dataclass(frozen=True)
+class Challenge:
+    """Collector -> device client (live runtime, with a deployment secret): the first frame on a connection, a
+    fresh random ``nonce`` (32 bytes) the connection's Hello must authenticate (protocols.auth). ``round`` is
+    the collector's current round (at least 1)."""
+
+    TYPE = "challenge"
+    round: int
+    protocol: str
+    nonce: bytes
 
 
 @dataclass(frozen=True)
@@ -81,6 +96,6 @@ class End:
     protocol: str
 
 
-Message = CollectionRequest | ReportBatch | Decision | Threshold | Hello | End
+Message = CollectionRequest | ReportBatch | Decision | Threshold | Hello | End | Challenge
 MESSAGE_TYPES: dict[str, type] = {cls.TYPE: cls for cls in (CollectionRequest, ReportBatch, Decision, Threshold,
-                                                             Hello, End)}
+                                                             Hello, End, Challenge)}

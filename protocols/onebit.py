@@ -6,7 +6,7 @@
   value (section 3, Theorems 3-4); charged eps when a device first reveals a grid value's bit.
 - Output perturbation (section 3.2): each sent bit flips with probability gamma, fresh every round; one round
   is then eps'-LDP (Theorem 6, :func:`epsilon_prime`); the collector debiases by (b - gamma)/(1 - 2 gamma).
-Formulas: ALGORITHMS.md sections 1-2.
+Formulas: docs/algorithms.md sections 1.1 and 2.1-2.4.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from protocols.keyed import Purpose, stream_key
 from protocols.ledger import Charge
 from protocols.memo import RevealSet, admit_reports, report_charges
 from protocols.messages import CollectionRequest, ReportBatch
+from protocols.snapshot import GuardedSnapshot
 from protocols.wire import bits as wire_bits
 
 NAIVE, MEMOIZED = "1bitmean", "1bitrrpm"
@@ -181,7 +182,7 @@ def _fresh_kernel(ids, values, m, p0, slope, report_key, flip_key, gamma, out_bi
 
 
 # ------------------------------------------------------------------------------------------- device side
-class OneBitDevices:
+class OneBitDevices(GuardedSnapshot):
     """Device side for a cohort: answers each round at most once, memo state and reveals kept per device."""
 
     def __init__(self, params: OneBitParams, seed: int, device_ids: np.ndarray, limits: Limits | None = None) -> None:

@@ -41,6 +41,7 @@ import numba as nb
 import numpy as np
 
 from protocols import keyed, transcript
+from protocols import snapshot as snap
 from protocols.base import ProtocolError, RoundResult, check_params
 from protocols.collecting import Column, ReportCollector
 from protocols.epochs import EpochMeans
@@ -302,6 +303,24 @@ class ThreshDevices(EpochMeans):
     def _spendable(self, spent: np.ndarray, step: float) -> np.ndarray:
         return self.params.spendable(spent, step)
 
+    _ARRAYS = ("cV", "cE", "reference", "reserved", "_voted", "sent_probabilities")
+
+    def snapshot(self) -> dict:
+        """The guard, the caps c_V and c_E, the reference means, the booked vote reserves, who voted in the last
+        epoch, the epochs voted and estimated, and the epoch sums and means (protocols.snapshot)."""
+        return {**snap.header(self), "guard": self.guard.snapshot(), "epochs": self.epoch_snapshot(),
+                **{k.lstrip("_"): getattr(self, k).copy() for k in self._ARRAYS},
+                "voted_epoch": self.voted_epoch, "estimated_epoch": self.estimated_epoch}
+
+    def restore(self, state: dict) -> None:
+        snap.check_header(state, self)
+        self.guard.restore(snap.field(state, "guard", dict))
+        self.epoch_restore(snap.field(state, "epochs", dict))
+        for k in self._ARRAYS:
+            snap.put(getattr(self, k), state, k.lstrip("_"))
+        self.voted_epoch = snap.field(state, "voted_epoch", int)
+        self.estimated_epoch = snap.field(state, "estimated_epoch", int)
+
     def vote_depends_on_data(self, t: int) -> tuple[bool, bool]:
         """Whether a device with an open vote cap can vote both yes and no in epoch t, depending on its data:
         (reference -1, reference an earlier epoch mean). Epoch means are k/l; against -1 the difference is
@@ -424,6 +443,32 @@ class ThreshCollector:
         self._vote_mean = math.nan
         self._update = False
         self._vote_reports = 0
+
+    def snapshot(self, records: bool = True) -> dict:
+        """Both stages' transcripts, the epoch, the carried-forward estimate, the update epochs and the last
+        epoch's decision figures (protocols.snapshot); between epochs only."""
+        if self.stage is not None:
+            raise ValueError("thresh: a collector is snapshotted between epochs, not with a stage open")
+        return {"protocol": self.name, "stages": {n: s.stage_snapshot(records) for n, s in self.stages()},
+                "epoch": self.epoch, "estimate": float(self.estimate),
+                "updates": np.array(self.updates, dtype=np.int64), "vote_mean": float(self._vote_mean),
+                "update": bool(self._update), "vote_reports": int(self._vote_reports)}
+
+    def restore(self, state: dict) -> None:
+        if snap.field(state, "protocol", str) != self.name:
+            raise snap.SnapshotError(f"a {state['protocol']!r} snapshot cannot be restored into {self.name!r}")
+        stages = snap.field(state, "stages", dict)
+        if list(stages) != ["vote", "estimate"]:
+            raise snap.SnapshotError(f"thresh snapshot stages {list(stages)} are not ['vote', 'estimate']")
+        for n, s in self.stages():
+            s.stage_restore(snap.field(stages, n, dict))
+        self.epoch = snap.field(state, "epoch", int)
+        self.estimate = snap.field(state, "estimate", float)
+        self.updates = snap.array(state, "updates", np.int64, (None,)).tolist()
+        self._vote_mean = snap.field(state, "vote_mean", float)
+        self._update = snap.field(state, "update", bool)
+        self._vote_reports = snap.field(state, "vote_reports", int)
+        self.stage = None
 
     def request(self, epoch: int, deadline: float) -> CollectionRequest:
         self.epoch = epoch

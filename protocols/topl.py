@@ -9,7 +9,7 @@ round on). The other devices truncate to [0, theta] and report t = 2 min(x, thet
 with the theta it really used, and a theta never applies to a round before its own. The collector's
 estimate of the round's sum over devices is n x mean((y + 1) theta_v/2).
 
-Threshold choice (ALGORITHMS.md section 4, adapted to many devices a round): a random range query over R
+Threshold choice (docs/algorithms.md section 4.3, adapted to many devices a round): a random range query over R
 rounds has E[len] = R/3 and E[len^2] = R^2/6 (both ~), so per device
 MSE(theta) = (R/3) Var_HM(theta)/r + (R^2/6) B(theta)^2, Var_HM(theta) = theta^2/4 x (HM's worst-case
 variance), B(theta) = sum_x f(x) max(x - theta, 0), with r the reports a round (the paper streams one value
@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from protocols import keyed, numeric, transcript
+from protocols import snapshot as snap
 from protocols.base import ProtocolError, RoundResult, check_params
 from protocols.collecting import Column, ReportCollector
 from protocols.guard import Guarantee, Guard, Limits
@@ -148,6 +149,20 @@ class ToplDevices:
         self.from_round = np.zeros(n, dtype=np.int64)
         self.last_round = np.zeros(n, dtype=np.int64)  # last round each device reported
 
+    _ARRAYS = ("theta", "version", "from_round", "last_round")
+
+    def snapshot(self) -> dict:
+        """The guard and, per device, the theta it holds, its version, the round it applies from and the last
+        round it reported (protocols.snapshot)."""
+        return {**snap.header(self), "guard": self.guard.snapshot(),
+                **{k: getattr(self, k).copy() for k in self._ARRAYS}}
+
+    def restore(self, state: dict) -> None:
+        snap.check_header(state, self)
+        self.guard.restore(snap.field(state, "guard", dict))
+        for k in self._ARRAYS:
+            snap.put(getattr(self, k), state, k)
+
     def _report(self, r: int, rows: np.ndarray, values: np.ndarray, now: float, holdout_stage: bool
                 ) -> tuple[ReportBatch | None, list[Charge]]:
         p = self.params
@@ -229,6 +244,55 @@ class ToplCollector:
         self.round, self.stage = 0, None
         self.densities: list[np.ndarray] = []
         self._holdout_reports = 0
+        self.pinned: dict[int, float] = {}  # version -> theta already broadcast (by an earlier instance)
+
+    def pin_threshold(self, version: int, theta: float) -> None:
+        """A theta this collector (an earlier instance of it) already broadcast under ``version``: when that
+        version's threshold round runs again (a collector resumed mid-round), the same theta is broadcast, so
+        no device ever holds a version that decodes with another theta."""
+        if version in self.thetas and self.thetas[version] != theta:
+            raise ValueError(f"threshold version {version} is {self.thetas[version]}, not {theta}")
+        self.pinned[int(version)] = float(theta)
+
+    def snapshot(self, records: bool = True) -> dict:
+        """Both stages' transcripts, the thetas by version, the threshold history and densities, the pinned
+        thetas and the round (protocols.snapshot); between rounds only."""
+        if self.stage is not None:
+            raise ValueError("topl: a collector is snapshotted between rounds, not with a stage open")
+        versions = sorted(self.thetas)
+        return {"protocol": self.name, "stages": {n: s.stage_snapshot(records) for n, s in self.stages()},
+                "round": self.round, "versions": np.array(versions, dtype=np.int64),
+                "thetas": np.array([self.thetas[v] for v in versions], dtype=np.float64),
+                "history_rounds": np.array([r for r, _ in self.history], dtype=np.int64),
+                "history_thetas": np.array([t for _, t in self.history], dtype=np.float64),
+                "densities": (np.stack(self.densities) if self.densities
+                              else np.empty((0, self.params.bins), dtype=np.float64)),
+                "pinned_versions": np.array(sorted(self.pinned), dtype=np.int64),
+                "pinned_thetas": np.array([self.pinned[v] for v in sorted(self.pinned)], dtype=np.float64),
+                "holdout_reports": int(self._holdout_reports)}
+
+    def restore(self, state: dict) -> None:
+        if snap.field(state, "protocol", str) != self.name:
+            raise snap.SnapshotError(f"a {state['protocol']!r} snapshot cannot be restored into {self.name!r}")
+        stages = snap.field(state, "stages", dict)
+        if list(stages) != ["holdout", "report"]:
+            raise snap.SnapshotError(f"topl snapshot stages {list(stages)} are not ['holdout', 'report']")
+        for n, s in self.stages():
+            s.stage_restore(snap.field(stages, n, dict))
+        versions = snap.array(state, "versions", np.int64, (None,))
+        thetas = snap.array(state, "thetas", np.float64, versions.shape)
+        if versions.tolist() != list(range(1, versions.size + 1)):
+            raise snap.SnapshotError(f"topl threshold versions {versions.tolist()} are not 1..{versions.size}")
+        rounds = snap.array(state, "history_rounds", np.int64, (None,))
+        pinned = snap.array(state, "pinned_versions", np.int64, (None,))
+        self.thetas = dict(zip(versions.tolist(), thetas.tolist()))
+        history = snap.array(state, "history_thetas", np.float64, rounds.shape)
+        self.history = list(zip(rounds.tolist(), history.tolist()))
+        self.densities = list(snap.array(state, "densities", np.float64, (None, self.params.bins)).copy())
+        self.pinned = dict(zip(pinned.tolist(), snap.array(state, "pinned_thetas", np.float64, pinned.shape).tolist()))
+        self.round = snap.field(state, "round", int)
+        self._holdout_reports = snap.field(state, "holdout_reports", int)
+        self.stage = None
 
     def request(self, round_: int, deadline: float) -> CollectionRequest:
         self.round = round_
@@ -270,8 +334,10 @@ class ToplCollector:
         else:
             dens = np.ones(p.bins)
         self.densities.append(dens / dens.sum())
-        theta = choose_threshold(dens, p.max_value, p.epsilon, p.rounds, self.n_devices)
         version = len(self.thetas) + 1
+        theta = self.pinned.get(version)
+        if theta is None:
+            theta = choose_threshold(dens, p.max_value, p.epsilon, p.rounds, self.n_devices)
         self.thetas[version] = theta
         self.history.append((self.round, theta))
         self.stage = self.reports

@@ -1,6 +1,6 @@
 """ToPS: central-DP continuous release of a stream (Wang et al., CCS 2021, "Continuous Release of Data Streams
-under both Centralized and Local Differential Privacy", Sections 3.3-3.5 and Appendices C-D; ALGORITHMS.md
-section 4). A *trusted* collector sees the raw values x_1, x_2, ... (one non-negative number per time step,
+under both Centralized and Local Differential Privacy", Sections 3.3-3.5 and Appendices C-D; docs/algorithms.md
+section 4.4). A *trusted* collector sees the raw values x_1, x_2, ... (one non-negative number per time step,
 bounded by ``max_value``; in the simulator a population total per round) and releases noisy per-step values
 and range sums online. Three parts:
 
@@ -9,7 +9,7 @@ and range sums online. Three parts:
    released, with score(theta) = (#{x <= theta} - h) - c theta and Laplace(1/eps_1) noise per score. The
    scores are monotone counting queries of sensitivity 1 (changing one holdout value moves every count the
    same way), so 1/eps_1 suffices (Dwork and Roth, Claim 3.9; the paper, Section 2.3).
-   c = sqrt(2 (F - 1) H^3 / eps^2) * 3 h / (N - h) / K, the authors' code as stated in ALGORITHMS.md, with
+   c = sqrt(2 (F - 1) H^3 / eps^2) * 3 h / (N - h) / K, the authors' code (docs/algorithms.md section 4.4), with
    K = 60 (``bias_constant``). Our reading: sqrt(2 (F-1) H^3/eps^2) theta is the standard deviation of a
    random range query on the F-ary hierarchy (Eq. 4, Qardaji et al.: about (F-1) H nodes of variance
    2 (H theta/eps)^2); the truncation bias of a random query, (N - h)/3 values times a per-value bias
@@ -56,7 +56,7 @@ from protocols import keyed
 from protocols.keyed import Purpose, stream_key
 
 FANOUT = 16  # Section 3.4, "Better Fan-out" (Qardaji et al. 2013)
-BIAS_CONSTANT = 60.0  # K in c (authors' code, ALGORITHMS.md section 4), value units
+BIAS_CONSTANT = 60.0  # K in c (authors' code, docs/algorithms.md section 4.4), value units
 SMOOTH_BIAS = 0.5  # beta / theta in the smoothing criterion (our assumption, see module docstring)
 MAX_CANDIDATES = 1 << 22
 _TAG_THRESHOLD = 899
@@ -271,6 +271,40 @@ class ToPS:
     def t(self) -> int:
         """Number of released steps so far."""
         return len(self._est)
+
+    # -- snapshots
+    def _config(self) -> list:
+        return [self.max_value, self.eps, self.eps_threshold, self.range_limit, self.fanout, self.seed,
+                -1 if self._smooth_request is None else int(self._smooth_request), float(self.threshold_step),
+                float(self.bias_constant), float(self.smooth_bias)]
+
+    def snapshot(self) -> dict:
+        """Everything :meth:`add` and the range queries depend on: theta, the smoothing level, the noisy-max
+        call count, the released steps and prefix sums. The noise trees are keyed draws, redrawn on demand."""
+        return {"config": np.array(self._config(), dtype=np.float64),
+                "threshold": math.nan if self.threshold is None else self.threshold,
+                "has_threshold": self.threshold is not None, "c": math.nan if self.c is None else self.c,
+                "smooth_levels": self.smooth_levels, "nm_calls": self._nm_calls, "clipped": int(self.clipped),
+                "prefix": np.array(self._prefix, dtype=np.float64), "est": np.array(self._est, dtype=np.float64),
+                "rate": float(self._rate)}
+
+    def restore(self, state: dict) -> None:
+        from protocols import snapshot as snap
+
+        config = snap.array(state, "config", np.float64, (len(self._config()),))
+        if not np.array_equal(config, np.array(self._config(), dtype=np.float64)):
+            raise snap.SnapshotError("ToPS snapshot of other parameters (max_value, eps, range, seed...)")
+        est = snap.array(state, "est", np.float64, (None,))
+        prefix = snap.array(state, "prefix", np.float64, (est.size + 1,))
+        self.threshold = snap.field(state, "threshold", float) if snap.field(state, "has_threshold", bool) else None
+        c = snap.field(state, "c", float)
+        self.c = None if math.isnan(c) else c
+        self.smooth_levels = snap.field(state, "smooth_levels", int)
+        self._nm_calls = snap.field(state, "nm_calls", int)
+        self.clipped = snap.field(state, "clipped", int)
+        self._prefix, self._est = prefix.tolist(), est.tolist()
+        self._rate = snap.field(state, "rate", float)
+        self._trees = {}
 
     # -- threshold
     def choose_threshold(self, holdout: np.ndarray, span: int | None = None) -> float:

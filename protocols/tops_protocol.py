@@ -24,6 +24,7 @@ from protocols.guard import Guarantee, Guard, Limits
 from protocols.keyed import Purpose, stream_key
 from protocols.ledger import Charge
 from protocols.messages import CollectionRequest, ReportBatch
+from protocols.snapshot import GuardedSnapshot
 from protocols.tops import ToPS
 
 TOPS = "tops"
@@ -82,7 +83,7 @@ def in_holdout(params: TopsParams, device_ids: np.ndarray) -> np.ndarray:
     return keyed.uniform(stream_key(params.seed, Purpose.HOLDOUT, 1), device_ids) < params.holdout
 
 
-class TopsDevices:
+class TopsDevices(GuardedSnapshot):
     """Raw values to the trusted collector, one a round. Charged the event-level guarantee of what is released
     from each value: ``epsilon`` (``central_release``), or ``threshold_epsilon`` for a round-1 holdout value,
     which only the noisy-max threshold choice sees (``central_threshold``)."""
@@ -125,6 +126,20 @@ class TopsCollector(ReportCollector):
                          seed=params.seed, smooth_levels=0)
         self.history: list[tuple[int, float]] = []
         self.fallback = False  # theta = max_value because round 1 had no holdout value
+
+    def extra_snapshot(self) -> dict:
+        return {"tops": self.tops.snapshot(), "fallback": self.fallback,
+                "history_rounds": np.array([r for r, _ in self.history], dtype=np.int64),
+                "history_thetas": np.array([t for _, t in self.history], dtype=np.float64)}
+
+    def extra_restore(self, state: dict) -> None:
+        from protocols import snapshot as snap
+
+        self.tops.restore(snap.field(state, "tops", dict))
+        self.fallback = snap.field(state, "fallback", bool)
+        rounds = snap.array(state, "history_rounds", np.int64, (None,))
+        thetas = snap.array(state, "history_thetas", np.float64, rounds.shape)
+        self.history = list(zip(rounds.tolist(), thetas.tolist()))
 
     def estimate(self, reports: dict[str, np.ndarray]) -> float:
         x = reports["x"][:, 0]

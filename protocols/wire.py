@@ -1,11 +1,24 @@
 """The wire format: versioned msgpack messages with typed binary arrays. Bytes are untrusted.
 
-DESIGN.md section 5. A message is a msgpack map ``{"v": 1, "type": <name>, <fields>...}``. Arrays travel as a
+docs/design.md section 5. A message is a msgpack map ``{"v": 1, "type": <name>, <fields>...}``. Arrays travel as a
 msgpack extension (code 1) holding a one-byte dtype code, a little-endian uint32 element count and the raw
 little-endian data; booleans/bits are bit-packed. A per-device fixed-width column (d bucket indices, d bits)
 travels as a matrix (extension code 3: dtype code, uint32 rows, uint32 columns, row-major data). Only the dtypes in ``DTYPES`` exist: no pickles, no object
 arrays. :func:`decode` checks size, version, type, every field's presence, type and range, array lengths and
 finiteness, and raises :class:`WireError` naming the first problem it finds.
+
+Bounded work before any object is built: a message is at most ``max_bytes``; an iterative scan of the msgpack
+structure (:func:`_scan`, no recursion) refuses containers nested deeper than ``MAX_DEPTH`` (the schema needs
+two: the message map and its ``columns`` map; one more level is tolerated so that a wrong container in a field
+gets its own error) and more than ``MAX_OBJECTS`` msgpack objects in all, so a frame of a thousand nested
+arrays, or of millions of empty ones, is a :class:`WireError` instead of a ``RecursionError`` or gigabytes of
+Python objects. Any other exception while decoding is a bug; none is known (the fuzz tests in
+tests/test_wire.py and benchmarks/bench_live_soak.py feed structure-aware and random inputs).
+
+Live runtime only: ``Challenge`` (collector -> client: a 32-byte nonce as a u1 array) and the optional ``mac``
+field of ``Hello`` (32 bytes, a u1 array) carry device authentication (protocols.auth). Both are additions to
+version 1: a Hello without ``mac`` is what clients without a secret send, and a client that does not know
+``challenge`` drops it as an undecodable frame.
 """
 
 from __future__ import annotations
@@ -17,8 +30,8 @@ import struct
 import msgpack
 import numpy as np
 
-from protocols.messages import (MESSAGE_TYPES, CollectionRequest, Decision, End, Hello, Message, ReportBatch,
-                                Threshold)
+from protocols.messages import (MESSAGE_TYPES, Challenge, CollectionRequest, Decision, End, Hello, Message,
+                                ReportBatch, Threshold)
 
 VERSION = 1
 ARRAY_EXT = 1
@@ -27,6 +40,9 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 MAX_ELEMENTS = 1 << 25
 MAX_COLUMNS = 16
 MAX_ROUND = 2**31 - 1
+MAX_DEPTH = 3  # containers nested at most this deep (the schema needs 2)
+MAX_OBJECTS = 4096  # msgpack objects in one message at most (a report batch has about 20)
+MAC_BYTES = NONCE_BYTES = 32
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_\-]{0,63}\Z")  # \Z: "$" would also match before a trailing newline
 _HEADER = struct.Struct("<BI")
 _MHEADER = struct.Struct("<BII")
@@ -86,6 +102,12 @@ def _default(obj: object) -> object:
     raise TypeError(f"cannot encode {type(obj).__name__}")
 
 
+def _fixed_bytes(b: bytes, n: int, what: str) -> np.ndarray:
+    if not isinstance(b, (bytes, bytearray)) or len(b) != n:
+        raise ValueError(f"{what} must be {n} bytes")
+    return np.frombuffer(bytes(b), np.uint8)
+
+
 def encode(msg: Message) -> bytes:
     """Encode a message (the inverse of :func:`decode`)."""
     if isinstance(msg, CollectionRequest):
@@ -95,6 +117,10 @@ def encode(msg: Message) -> bytes:
                 "deadline": float(msg.deadline)}
     elif isinstance(msg, Hello):
         body = {"round": msg.round, "protocol": msg.protocol, "devices": msg.devices}
+        if msg.mac is not None:
+            body["mac"] = _fixed_bytes(msg.mac, MAC_BYTES, "mac")
+    elif isinstance(msg, Challenge):
+        body = {"round": msg.round, "protocol": msg.protocol, "nonce": _fixed_bytes(msg.nonce, NONCE_BYTES, "nonce")}
     elif isinstance(msg, End):
         body = {"round": msg.round, "protocol": msg.protocol}
     elif isinstance(msg, Threshold):
@@ -170,10 +196,77 @@ def _array(v: object, what: str) -> np.ndarray:
     return v
 
 
+# msgpack first bytes: fixed-size scalars (bytes after the first), length-prefixed payloads (size of the length,
+# extra bytes after it: an ext's type byte), containers (size of the count, 2 for a map's key + value)
+_SCALAR = {0xc0: 0, 0xc2: 0, 0xc3: 0, 0xca: 4, 0xcb: 8, 0xcc: 1, 0xcd: 2, 0xce: 4, 0xcf: 8, 0xd0: 1, 0xd1: 2,
+           0xd2: 4, 0xd3: 8, 0xd4: 2, 0xd5: 3, 0xd6: 5, 0xd7: 9, 0xd8: 17}
+_PAYLOAD = {0xc4: (1, 0), 0xc5: (2, 0), 0xc6: (4, 0), 0xc7: (1, 1), 0xc8: (2, 1), 0xc9: (4, 1), 0xd9: (1, 0),
+            0xda: (2, 0), 0xdb: (4, 0)}
+_CONTAINER = {0xdc: (2, 1), 0xdd: (4, 1), 0xde: (2, 2), 0xdf: (4, 2)}
+
+
+def _scan(data: bytes | bytearray | memoryview) -> None:
+    """Walk the msgpack structure without building it (iteratively: no recursion) and refuse nesting deeper
+    than ``MAX_DEPTH`` or more than ``MAX_OBJECTS`` objects. Anything else that is wrong (an invalid byte,
+    truncation, trailing bytes) is left to msgpack, which names it."""
+    n = len(data)
+    pos, objects = 0, 0
+    stack = [1]  # objects still to read at each open level (the bottom entry: the message itself)
+    while stack:
+        if stack[-1] == 0:
+            stack.pop()
+            continue
+        if pos >= n:
+            return  # truncated: msgpack says so
+        stack[-1] -= 1
+        objects += 1
+        if objects > MAX_OBJECTS:
+            raise WireError(f"message holds more than {MAX_OBJECTS} msgpack objects")
+        b = data[pos]
+        pos += 1
+        if b <= 0x7f or b >= 0xe0:  # fixint
+            continue
+        if b <= 0x9f:  # fixmap, fixarray
+            count = (b & 0x0f) * (2 if b <= 0x8f else 1)
+        elif b <= 0xbf:  # fixstr
+            pos += b & 0x1f
+            continue
+        elif b in _SCALAR:
+            pos += _SCALAR[b]
+            continue
+        elif b in _PAYLOAD:
+            size, extra = _PAYLOAD[b]
+            if pos + size > n:
+                return
+            pos += size + extra + int.from_bytes(data[pos:pos + size], "big")
+            continue
+        elif b in _CONTAINER:
+            size, per = _CONTAINER[b]
+            if pos + size > n:
+                return
+            count = per * int.from_bytes(data[pos:pos + size], "big")
+            pos += size
+        else:  # 0xc1, never used: msgpack names it
+            return
+        if len(stack) > MAX_DEPTH:
+            raise WireError(f"containers nested deeper than {MAX_DEPTH} levels")
+        if count:
+            stack.append(count)
+
+
 _FIELDS = {"collect": ("round", "protocol", "deadline"), "reports": ("round", "protocol", "devices", "columns"),
            "decision": ("round", "protocol", "update", "deadline"),
            "threshold": ("round", "protocol", "theta", "version", "deadline"),
-           "hello": ("round", "protocol", "devices"), "end": ("round", "protocol")}
+           "hello": ("round", "protocol", "devices"), "end": ("round", "protocol"),
+           "challenge": ("round", "protocol", "nonce")}
+_OPTIONAL = {"hello": ("mac",)}
+
+
+def _bytes_field(body: dict, key: str, n: int) -> bytes:
+    v = _array(body[key], f"field {key!r}")
+    if v.ndim != 1 or v.dtype != np.uint8 or v.size != n:
+        raise WireError(f"field {key!r} must be a u1 array of {n} bytes")
+    return v.tobytes()
 
 
 def decode(data: bytes, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
@@ -184,6 +277,14 @@ def decode(data: bytes, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
         raise WireError(f"message of {len(data)} bytes exceeds the limit of {max_bytes}")
     if len(data) == 0:
         raise WireError("empty message")
+    try:
+        return _decode(data, max_bytes)
+    except RecursionError:  # cannot happen after _scan; kept so that no input escapes as anything but WireError
+        raise WireError("message nested too deeply") from None
+
+
+def _decode(data: bytes, max_bytes: int) -> Message:
+    _scan(data)
     try:
         obj = msgpack.unpackb(
             data, raw=False, strict_map_key=True, ext_hook=_ext_hook, use_list=True,
@@ -205,9 +306,10 @@ def decode(data: bytes, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
     if not isinstance(kind, str) or kind not in MESSAGE_TYPES:  # an unhashable list/map/array is no type name
         raise WireError(f"unknown message type {kind!r:.40}")
     fields = _FIELDS[kind]
+    optional = _OPTIONAL.get(kind, ())
     body = {k: v for k, v in obj.items() if k not in ("v", "type")}
     for key in body:
-        if key not in fields:
+        if key not in fields and key not in optional:
             raise WireError(f"unknown field {key!r:.40} in a {kind!r} message")
     for key in fields:
         if key not in body:
@@ -224,7 +326,10 @@ def decode(data: bytes, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
             raise WireError("field 'devices' must be a one-dimensional u4 or u8 array")
         if devices.size > 1 and not np.all(devices[1:] > devices[:-1]):
             raise WireError("field 'devices' must be strictly increasing")
-        return Hello(round=round_, protocol=protocol, devices=devices)
+        mac = _bytes_field(body, "mac", MAC_BYTES) if "mac" in body else None
+        return Hello(round=round_, protocol=protocol, devices=devices, mac=mac)
+    if kind == "challenge":
+        return Challenge(round=round_, protocol=protocol, nonce=_bytes_field(body, "nonce", NONCE_BYTES))
     if kind == "threshold":
         return Threshold(round=round_, protocol=protocol, theta=_float(body, "theta"),
                          version=_int(body, "version", 1, MAX_ROUND), deadline=_float(body, "deadline"))

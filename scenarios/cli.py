@@ -123,10 +123,53 @@ def _live_out(args: argparse.Namespace, name: str, suffix: str) -> Path:
     return out
 
 
+def _secret(args: argparse.Namespace) -> bytes | None:
+    from protocols.auth import SecretError, read_secret
+
+    if not args.secret_file:
+        return None
+    try:
+        return read_secret(args.secret_file)
+    except SecretError as exc:
+        raise ScenarioError(f"--secret-file {exc}") from None
+
+
+def _tls(what: str, make, *paths: str):
+    import ssl
+
+    try:
+        return make(*paths)
+    except (OSError, ssl.SSLError) as exc:
+        raise ScenarioError(f"{what}: cannot load {' / '.join(paths)}: {exc}") from None
+
+
+def _client_tls(args: argparse.Namespace):
+    """The device side's TLS context: --tls-ca (in `live`, the server's own --tls-cert if no --tls-ca)."""
+    from scenarios import live
+
+    ca = args.tls_ca or getattr(args, "tls_cert", None)
+    return _tls("--tls-ca", live.client_tls, ca) if ca else None
+
+
 def _settings(args: argparse.Namespace):
     from collector.server import LiveSettings
+    from scenarios import live
 
-    return LiveSettings(stage_timeout=args.stage_timeout, read_timeout=args.read_timeout)
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise ScenarioError("--tls-cert and --tls-key go together")
+    if args.max_connections is not None and args.max_connections < 1:
+        raise ScenarioError("--max-connections: must be at least 1")
+    tls = _tls("--tls-cert/--tls-key", live.server_tls, args.tls_cert, args.tls_key) if args.tls_cert else None
+    return LiveSettings(stage_timeout=args.stage_timeout, read_timeout=args.read_timeout,
+                        hello_timeout=args.hello_timeout, write_timeout=args.write_timeout,
+                        max_connections=args.max_connections, secret=_secret(args), tls=tls,
+                        round_pause=getattr(args, "round_pause", 0.0))
+
+
+def _print_drops(result) -> None:
+    dropped = result.extra.get("live", {}).get("dropped")
+    if dropped:
+        print("ldpsim: connections dropped: " + ", ".join(f"{k} {v}" for k, v in dropped.items()), file=sys.stderr)
 
 
 def cmd_live(args: argparse.Namespace) -> int:
@@ -136,9 +179,11 @@ def cmd_live(args: argparse.Namespace) -> int:
     from scenarios import live, output
 
     scenario = load(args.scenario, args.set)
+    settings, client_tls = _settings(args), _client_tls(args)  # a bad secret or certificate: before any file
     out = _live_out(args, scenario.name, "live")
     with open(out / "events.jsonl", "w", encoding="utf-8") as events:
-        result = asyncio.run(live.run_embedded(scenario, args.connections, events, _settings(args)))
+        result = asyncio.run(live.run_embedded(scenario, args.connections, events, settings, client_tls=client_tls))
+    _print_drops(result)
     summary = output.write_run_dir(result, out, ledger_rows=not args.no_ledger_rows)
     print(f"live run over {args.connections} connection(s): mean |error| {summary['error']['mean_abs']:.4g}; "
           f"digests {summary['digests']['transcript'][:12]}...; {summary['wall_seconds']:.2f} s -> {out}")
@@ -150,14 +195,35 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from scenarios import live, output
 
+    from scenarios import journal
+
     scenario = load(args.scenario, args.set)
-    out = _live_out(args, scenario.name, "serve")
+    settings = _settings(args)
+    out = _resume_dir(args) if args.resume else _live_out(args, scenario.name, "serve")
     print(f"ldpsim: serving {scenario.name} on {args.host}:{args.port} for {scenario.devices:,} devices", file=sys.stderr)
-    with open(out / "events.jsonl", "w", encoding="utf-8") as events:
-        result = asyncio.run(live.serve(scenario, args.host, args.port, events, _settings(args)))
+    with open(out / "events.jsonl", "a" if args.resume else "w", encoding="utf-8") as events:
+        result = asyncio.run(live.serve(scenario, args.host, args.port, events, settings, out, bool(args.resume)))
+    _print_drops(result)
     summary = output.write_run_dir(result, out, ledger_rows=False)
+    journal.finish(out)  # the run directory is complete: the journal is no longer needed
     print(f"served {len(result.rounds)} rounds: mean |error| {summary['error']['mean_abs']:.4g} -> {out}")
     return 0
+
+
+def _resume_dir(args: argparse.Namespace) -> Path:
+    """``serve --resume DIR``: the run directory of the collector that stopped (its journal is there)."""
+    from scenarios import journal
+
+    out = Path(args.resume)
+    if args.out and Path(args.out).resolve() != out.resolve():
+        raise ScenarioError(f"--resume {out} continues the run in that directory: leave out --out {args.out}")
+    if (out / "summary.json").exists():
+        raise ScenarioError(f"--resume {out}: holds a finished run (summary.json); nothing to resume")
+    if not (out / journal.JOURNAL).is_file():
+        raise ScenarioError(f"--resume {out}: no {journal.JOURNAL} there (not a run directory of ldpsim serve, "
+                            "or a finished run)")
+    journal.check(out, load(args.scenario, args.set))  # a corrupt journal or another scenario: one line, now
+    return out
 
 
 def cmd_devices(args: argparse.Namespace) -> int:
@@ -172,7 +238,10 @@ def cmd_devices(args: argparse.Namespace) -> int:
     index, _, count = args.shard.partition("/")
     if not (index.isdigit() and count.isdigit() and 1 <= int(index) <= int(count)):
         raise ScenarioError(f"--shard {args.shard!r}: expected I/N with 1 <= I <= N")
-    ledger = asyncio.run(live.devices(scenario, host, int(port), int(index) - 1, int(count), args.connections))
+    if args.resume and not args.out:
+        raise ScenarioError("--resume: the saved device state is in --out DIR; give it")
+    ledger = asyncio.run(live.devices(scenario, host, int(port), int(index) - 1, int(count), args.connections,
+                                      _secret(args), _client_tls(args), args.out, args.resume))
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
@@ -224,9 +293,29 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument("--stage-timeout", type=float, default=5.0, help="real seconds a stage stays open at most")
         p.add_argument("--read-timeout", type=float, default=5.0,
                        help="real seconds a client may take to finish a frame it started")
+        p.add_argument("--secret-file", metavar="PATH",
+                       help="deployment secret (>= 16 bytes): devices derive HMAC-SHA256(secret, id) credentials "
+                            "and the collector refuses a Hello without a valid MAC (protocols/auth.py)")
+
+    def server_options(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--max-connections", type=int, metavar="N",
+                       help="connections open at once (default: devices + 64, at most the open-file limit - 64); "
+                            "more are closed at once and counted")
+        p.add_argument("--write-timeout", type=float, default=5.0,
+                       help="real seconds a connection's socket may take to accept a broadcast before it is dropped")
+        p.add_argument("--hello-timeout", type=float, default=10.0,
+                       help="real seconds from connecting (TLS handshake included) to the Hello")
+        p.add_argument("--tls-cert", metavar="PEM", help="serve over TLS with this certificate chain ...")
+        p.add_argument("--tls-key", metavar="PEM", help="... and this private key")
+
+    def client_options(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--tls-ca", metavar="PEM", help="connect over TLS, checking the collector's certificate "
+                                                       "against this CA (a self-signed certificate is its own CA)")
 
     lv = sub.add_parser("live", help="server and device clients in one process over loopback TCP")
     live_common(lv)
+    server_options(lv)
+    client_options(lv)
     lv.add_argument("--connections", type=int, default=2, help="device client connections (default 2)")
     lv.add_argument("--out", help="run directory (default: runs/<name>-live-<timestamp>)")
     lv.add_argument("--force", action="store_true")
@@ -234,17 +323,27 @@ def parser() -> argparse.ArgumentParser:
     lv.set_defaults(func=cmd_live)
     sv = sub.add_parser("serve", help="the collector server alone")
     live_common(sv)
+    server_options(sv)
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--port", type=int, default=7337)
     sv.add_argument("--out", help="run directory (default: runs/<name>-serve-<timestamp>)")
     sv.add_argument("--force", action="store_true")
+    sv.add_argument("--resume", metavar="DIR",
+                    help="continue the run of a collector that stopped (killed, crashed) from the journal in its "
+                         "run directory DIR, from the round after the last one it closed")
+    sv.add_argument("--round-pause", type=float, default=0.0, metavar="SECONDS",
+                    help="real seconds to wait after each round (pacing a demo or a test)")
     sv.set_defaults(func=cmd_serve)
     dv = sub.add_parser("devices", help="device clients for one shard of the population")
     live_common(dv)
+    client_options(dv)
     dv.add_argument("--connect", required=True, metavar="HOST:PORT")
     dv.add_argument("--shard", default="1/1", metavar="I/N", help="this process hosts shard I of N (1-based)")
     dv.add_argument("--connections", type=int, default=1)
-    dv.add_argument("--out", help="directory for this shard's ledger")
+    dv.add_argument("--out", help="directory for this shard's ledger and its saved device state "
+                                  "(devices-shard-I-of-N.state: reloaded automatically when it is there)")
+    dv.add_argument("--resume", action="store_true",
+                    help="require the saved device state in --out (exit 2 if there is none)")
     dv.set_defaults(func=cmd_devices)
 
     sw = sub.add_parser(

@@ -7,11 +7,16 @@ times, so a live run without loss gives the simulated run's transcript, ledger a
 In split mode each device process keeps its own ledger (written beside its shard); the server's run
 directory has the collector's view (transcript and estimates), and its ledger holds what the devices of
 that process recorded only in embedded mode.
+
+Hardening (collector/server.py, protocols/auth.py): a deployment secret (``LiveSettings.secret``; the device
+side gets the same secret and derives its devices' credentials) authenticates every Hello; TLS contexts from
+:func:`server_tls` / :func:`client_tls`; the collector's drops by cause are in ``RunResult.extra["live"]``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
 from dataclasses import dataclass
 from typing import Any, TextIO
@@ -19,6 +24,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from agents.client import DeviceClient, DeviceDays
+from agents.resumable import ResumableClient
 from agents.world import World
 from collector import spill
 from collector.hostile import Hostility
@@ -70,12 +76,31 @@ def build_server(sc: Scenario, ledger: Ledger, events: TextIO | None, settings: 
 
 
 def build_client(sc: Scenario, device_ids: np.ndarray, ledger: Ledger, host: str, port: int,
-                 days: DeviceDays | None = None) -> DeviceClient:
+                 days: DeviceDays | None = None, secret: bytes | None = None, tls: ssl.SSLContext | None = None
+                 ) -> DeviceClient:
     """A device client; clients of one process share ``days`` (and its world model of the whole population:
-    one per client would cost memory that grows with connections x devices)."""
+    one per client would cost memory that grows with connections x devices). ``secret``: the deployment
+    secret (the client derives its devices' credentials); ``tls``: a client TLS context (:func:`client_tls`)."""
     days = days or process_days(sc)
-    return DeviceClient(sc.protocol, sc.seed, device_ids, sc.simulation.cohort_size, days.world, ledger,
-                        sc.network.deadline, sc.network.latency, host, port, days=days, limits=sc.limits)
+    return ResumableClient(sc.protocol, sc.seed, device_ids, sc.simulation.cohort_size, days.world, ledger,
+                           sc.network.deadline, sc.network.latency, host, port, days=days, limits=sc.limits,
+                           secret=secret, tls=tls)
+
+
+def server_tls(cert: str, key: str) -> ssl.SSLContext:
+    """The collector's TLS context: its certificate chain and key (PEM files); TLS 1.2 at least."""
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(cert, key)
+    return ctx
+
+
+def client_tls(ca: str) -> ssl.SSLContext:
+    """A device client's TLS context: the collector's certificate must chain to ``ca`` (a PEM file; a
+    self-signed certificate is its own CA) and name the host connected to."""
+    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    return ctx
 
 
 def process_days(sc: Scenario) -> DeviceDays:
@@ -88,15 +113,19 @@ def shard(n: int, index: int, count: int) -> np.ndarray:
 
 
 async def run_embedded(sc: Scenario, connections: int = 2, events: TextIO | None = None,
-                       settings: LiveSettings | None = None, host: str = "127.0.0.1") -> RunResult:
-    """Server and ``connections`` device clients in this process on loopback."""
+                       settings: LiveSettings | None = None, host: str = "127.0.0.1",
+                       client_tls: ssl.SSLContext | None = None) -> RunResult:
+    """Server and ``connections`` device clients in this process on loopback. The clients use the settings'
+    secret (one deployment) and ``client_tls`` where the server has TLS."""
     t0 = time.perf_counter()
     ledger = Ledger(sc.devices)
-    server, book, _ = build_server(sc, ledger, events, settings or LiveSettings())
+    settings = settings or LiveSettings()
+    server, book, _ = build_server(sc, ledger, events, settings)
     port = await server.start(host, 0)
     days = process_days(sc)
-    clients = [build_client(sc, shard(sc.devices, i, connections), ledger, host, port, days)
-               for i in range(connections)]
+    parts = [shard(sc.devices, i, connections) for i in range(connections)]
+    clients = [build_client(sc, part, ledger, host, port, days, settings.secret, client_tls)
+               for part in parts if part.size]  # more connections than devices: no empty Hellos
     tasks = [asyncio.create_task(c.run()) for c in clients]
     try:
         await server.run()
@@ -116,7 +145,8 @@ def live_result(sc: Scenario, server: LiveCollector, book: RoundBook, ledger: Le
     network.traffic.messages_sent = server.frames_sent + server.stats.received  # both directions
     network.traffic.messages_delivered = network.traffic.messages_sent
     return RunResult(sc, book.records, ledger, book.world, server, network, server.protocol.transcript_digest(),
-                     wall, 0, extra={"dropped_connections": server.dropped, "runtime": "live"})
+                     wall, 0, extra={"dropped_connections": server.dropped, "runtime": "live",
+                                     "live": server.live_summary()})
 
 
 def run_live(sc: Scenario, connections: int = 2, events: TextIO | None = None,
@@ -125,14 +155,18 @@ def run_live(sc: Scenario, connections: int = 2, events: TextIO | None = None,
 
 
 async def serve(sc: Scenario, host: str, port: int, events: TextIO | None = None,
-                settings: LiveSettings | None = None) -> RunResult:
-    """The collector alone (devices connect from elsewhere); returns when the run is over."""
+                settings: LiveSettings | None = None, run_dir: Any = None, resume: bool = False) -> RunResult:
+    """The collector alone (devices connect from elsewhere); returns when the run is over. ``run_dir``: keep a
+    journal there after every round (scenarios/journal.py); ``resume``: first restore the journal there."""
+    from scenarios import journal
+
     t0 = time.perf_counter()
     ledger = Ledger(sc.devices)  # stays empty: devices keep their ledgers (module docstring)
     server, book, _ = build_server(sc, ledger, events, settings or LiveSettings())
+    first = journal.attach(run_dir, sc, server, book, resume) if run_dir is not None else 1
     await server.start(host, port)
     try:
-        await server.run()
+        await server.run(first_round=first)
         await server.wait_for_clients_to_leave()
     finally:
         await server.close()
@@ -141,12 +175,24 @@ async def serve(sc: Scenario, host: str, port: int, events: TextIO | None = None
     return result
 
 
-async def devices(sc: Scenario, host: str, port: int, index: int, count: int, connections: int = 1) -> Ledger:
-    """Device clients for shard ``index`` of ``count``, over ``connections`` connections; returns their ledger."""
+async def devices(sc: Scenario, host: str, port: int, index: int, count: int, connections: int = 1,
+                  secret: bytes | None = None, tls: ssl.SSLContext | None = None, state_dir: Any = None,
+                  require_state: bool = False) -> Ledger:
+    """Device clients for shard ``index`` of ``count``, over ``connections`` connections; returns their ledger.
+    ``state_dir``: save the devices' state there after every answer, and start from it when it is there
+    (scenarios/journal.py; ``require_state``: it must be)."""
     ledger = Ledger(sc.devices)
     ids = shard(sc.devices, index, count)
     parts = [ids[len(ids) * k // connections:len(ids) * (k + 1) // connections] for k in range(connections)]
     days = process_days(sc)
-    clients = [build_client(sc, part, ledger, host, port, days) for part in parts if part.size]
-    await asyncio.gather(*(c.run() for c in clients))
+    clients = [build_client(sc, part, ledger, host, port, days, secret, tls) for part in parts if part.size]
+    store = None
+    if state_dir is not None:
+        from scenarios import journal
+
+        store = journal.open_device_store(state_dir, sc, index + 1, count, clients, ledger, days, require_state)
+    if store is None or not store.done:
+        await asyncio.gather(*(c.run() for c in clients))
+    if store is not None:
+        store.save(done=True)
     return ledger

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import textwrap
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -168,10 +169,11 @@ def draw_spend(result: RunResult, path: Path) -> None:
         label = "within-pattern ε (pattern width × ε)"
         value, exact, method = g.worst_case
         shown = f"{value:.3g}" if np.isfinite(value) else "unbounded"
-        note = (f"Not on this plot: the worst-case loss against any other device's transcript over the whole run "
-                f"is {shown} ({'exact' if exact else 'upper bound'}; {method}).")
+        how = method if exact or method.startswith("upper bound") else f"upper bound: {method}"
+        note = textwrap.fill(f"Not on this plot (a different kind of number): the worst-case loss of a device's whole "
+                             f"transcript against any other device's is {shown} ({how}).", 160)
     plots.spend_plot(path, result.ledger.history, result.ledger.spend, f"per-device spend: {sc.protocol.name}",
-                     label, (g.value, f"guarantee {g.value:.3g}"), note)
+                     label, (g.value, f"guarantee {g.value:.3g}" + (" (within pattern)" if note else "")), note)
 
 
 def _finite(x: float) -> float | None:
@@ -245,6 +247,7 @@ def summary(result: RunResult) -> dict:
         "digests": {"transcript": result.transcript_digest, "ledger": result.ledger.digest(),
                     "estimates": _sha256_bytes(np.array([r.round for r in recs], "<i8"), est.astype("<f8"))},
         "wall_seconds": result.wall_seconds,
+        **({"live": result.extra["live"]} if "live" in result.extra else {}),  # live runs: drops by cause
     }
 
 

@@ -54,7 +54,8 @@ def spend_plot(path: Path, history: list[dict[str, float]], final: np.ndarray, t
     """Spend over time and at the end. ``label`` names the kind of number the ledger holds (e.g. within-
     pattern spend for memoized protocols); ``guarantee`` (value, label) is drawn as a line; ``note`` is
     printed under the plot (e.g. the worst-case loss, a different kind of number, stated apart)."""
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.6 if note else 4.2), width_ratios=(1.6, 1))
+    lines = note.count("\n") + 1 if note else 0
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2 + 0.25 * lines), width_ratios=(1.6, 1))
     r = np.array([h["round"] for h in history])
     if r.size:
         get = lambda k: np.array([h[k] for h in history])  # noqa: E731
@@ -79,7 +80,7 @@ def spend_plot(path: Path, history: list[dict[str, float]], final: np.ndarray, t
     right.set_title("spend at the end")
     if note:
         fig.text(0.01, 0.01, note, fontsize=8, color="dimgray")
-    fig.tight_layout(rect=(0, 0.05 if note else 0, 1, 1))
+    fig.tight_layout(rect=(0, 0.06 * lines, 1, 1))
     save(fig, path)
     plt.close(fig)
 

@@ -1,0 +1,531 @@
+"""The live runtime under attack on 127.0.0.1 (issue 10): impersonation with and without a deployment secret,
+duplicate shards, out-of-range ids, a reader that never reads, trickled and oversized frames, a buffer budget,
+a connection flood, deep nesting, TLS, and `ldpsim serve` exiting with an idle connection open.
+
+Every test runs honest device clients beside the attackers and checks that the honest run's digests equal a
+clean simulated run's (scenarios.runner.run + scenarios.output.summary, as tests/test_live.py does) and that
+each attack is counted under its cause. Every loop is bounded in count and time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import io
+import json
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import time
+
+import msgpack
+import numpy as np
+import pytest
+
+from collector.server import LiveSettings
+from protocols import auth, wire
+from protocols.framing import frame
+from protocols.ledger import Ledger
+from protocols.messages import Challenge, Hello, ReportBatch
+from scenarios import live, output, runner
+from tests.test_determinism import _scenario
+
+HOST = "127.0.0.1"
+FAST = LiveSettings(stage_timeout=2.0, read_timeout=0.3, startup_timeout=10.0, hello_timeout=5.0,
+                    write_timeout=0.5)
+SECRET = b"correct horse battery staple, 32"
+PROTOCOL = "1bitrrpm"
+
+
+def scenario(devices: int = 400, rounds: int = 6, cohort: int = 100):
+    return _scenario(PROTOCOL, **{"population.devices": devices, "rounds": rounds, "simulation.cohort_size": cohort,
+                                  "network.loss": 0, "network.jitter": 0})
+
+
+@functools.lru_cache(maxsize=None)
+def simulated(devices: int = 400, rounds: int = 6, cohort: int = 100) -> dict:
+    return output.summary(runner.run(scenario(devices, rounds, cohort)))["digests"]
+
+
+# ----------------------------------------------------------------------------------------------- harness
+class Harness:
+    """A collector with honest device clients (shards of the population), its event log kept."""
+
+    def __init__(self, sc, settings: LiveSettings, connections: int = 2, client_tls=None) -> None:
+        self.sc, self.settings, self.connections, self.client_tls = sc, settings, connections, client_tls
+        self.events = io.StringIO()
+        self.ledger = Ledger(sc.devices)
+        self.server, self.book, _ = live.build_server(sc, self.ledger, self.events, settings)
+        self.tasks: list[asyncio.Task] = []
+        self.run_task: asyncio.Task | None = None
+
+    async def listen(self) -> int:
+        self.port = await self.server.start(HOST, 0)
+        return self.port
+
+    def start_clients(self) -> None:
+        days = live.process_days(self.sc)
+        self.clients = [live.build_client(self.sc, live.shard(self.sc.devices, i, self.connections), self.ledger,
+                                          HOST, self.port, days, self.settings.secret, self.client_tls)
+                        for i in range(self.connections)]
+        self.tasks = [asyncio.create_task(c.run()) for c in self.clients]
+
+    def start_run(self) -> None:
+        self.run_task = asyncio.create_task(self.server.run())
+
+    async def registered(self, timeout: float = 10.0) -> None:
+        await asyncio.wait_for(self.server._registered.wait(), timeout)
+
+    async def finish(self, timeout: float = 60.0) -> dict:
+        try:
+            await asyncio.wait_for(self.run_task, timeout)
+            await asyncio.wait_for(asyncio.gather(*self.tasks), 15)
+        finally:
+            for task in self.tasks:
+                task.cancel()
+            await self.server.close()
+        return output.summary(live.live_result(self.sc, self.server, self.book, self.ledger, 0.0))
+
+    def log(self) -> list[dict]:
+        return [json.loads(line) for line in self.events.getvalue().splitlines() if line.strip()]
+
+
+async def started(sc=None, settings: LiveSettings = FAST, connections: int = 2, client_tls=None) -> Harness:
+    h = Harness(sc or scenario(), settings, connections, client_tls)
+    await h.listen()
+    h.start_clients()
+    h.start_run()
+    return h
+
+
+async def connect(port: int):
+    return await asyncio.open_connection(HOST, port)
+
+
+def never_reading(port: int) -> socket.socket:
+    """A plain socket with a tiny receive window that nobody reads (an asyncio transport would read it into its
+    buffer on its own)."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+    sock.settimeout(5)
+    sock.connect((HOST, port))  # loopback: immediate
+    return sock
+
+
+async def read_frame(reader: asyncio.StreamReader, timeout: float = 5.0):
+    (n,) = struct.unpack(">I", await asyncio.wait_for(reader.readexactly(4), timeout))
+    return wire.decode(await asyncio.wait_for(reader.readexactly(n), timeout))
+
+
+async def closed_by_server(reader: asyncio.StreamReader, timeout: float = 5.0) -> bool:
+    """Read (and ignore broadcasts) until the server closes the connection; False if it is still open."""
+    end = time.monotonic() + timeout
+    while (left := end - time.monotonic()) > 0:
+        try:
+            data = await asyncio.wait_for(reader.read(1 << 16), left)
+        except ConnectionError:
+            return True
+        except asyncio.TimeoutError:
+            return False
+        if not data:
+            return True
+    return False
+
+
+async def send_and_expect_close(port: int, payload: bytes, challenge: bool = False) -> None:
+    reader, writer = await connect(port)
+    try:
+        if challenge:
+            assert isinstance(await read_frame(reader), Challenge)
+        writer.write(payload)
+        await writer.drain()
+        assert await closed_by_server(reader), "the server kept the connection"
+    finally:
+        writer.close()
+
+
+def hello(ids, dtype=np.uint32, mac: bytes | None = None, round_: int = 1) -> bytes:
+    return frame(wire.encode(Hello(round=round_, protocol=PROTOCOL, devices=np.asarray(ids, dtype=dtype), mac=mac)))
+
+
+def signed_hello(ids, nonce: bytes, secret: bytes = SECRET, signed_ids=None) -> bytes:
+    ids = np.asarray(ids, dtype=np.uint32)
+    signed = ids if signed_ids is None else np.asarray(signed_ids, dtype=np.uint32)
+    mac = auth.hello_mac(auth.device_keys(secret, signed), nonce, 1, PROTOCOL, signed)
+    return hello(ids, mac=mac)
+
+
+def no_stage_timeouts(h: Harness) -> bool:
+    return not [e for e in h.log() if e.get("event") == "stage_timeout"]
+
+
+# ----------------------------------------------------------------------------------------------- auth unit
+def test_device_keys_are_hmac_of_the_secret_and_id() -> None:
+    ids = np.array([0, 1, 7, 2**32 - 1], dtype=np.int64)
+    keys = auth.device_keys(SECRET, ids)
+    assert keys == b"".join(auth.device_key(SECRET, int(d)) for d in ids)
+    long_secret = bytes(range(200))
+    assert auth.device_keys(long_secret, ids[:2]) == b"".join(auth.device_key(long_secret, d) for d in (0, 1))
+
+
+def test_hello_mac_binds_nonce_ids_round_and_protocol() -> None:
+    ids = np.arange(10, 20)
+    nonce = bytes(32)
+    mac = auth.hello_mac(auth.device_keys(SECRET, ids), nonce, 1, PROTOCOL, ids)
+    assert auth.verify_hello(SECRET, nonce, 1, PROTOCOL, ids, mac)
+    assert not auth.verify_hello(SECRET, b"\x01" + bytes(31), 1, PROTOCOL, ids, mac)  # another nonce: replay
+    assert not auth.verify_hello(SECRET, nonce, 2, PROTOCOL, ids, mac)
+    assert not auth.verify_hello(SECRET, nonce, 1, "kflip", ids, mac)
+    assert not auth.verify_hello(SECRET, nonce, 1, PROTOCOL, np.arange(10, 21), mac)  # one more device
+    assert not auth.verify_hello(SECRET, nonce, 1, PROTOCOL, np.arange(11, 20), mac)  # one fewer
+    assert not auth.verify_hello(b"another secret of enough bytes", nonce, 1, PROTOCOL, ids, mac)
+    assert not auth.verify_hello(SECRET, nonce, 1, PROTOCOL, ids, None)
+    assert not auth.verify_hello(SECRET, nonce, 1, PROTOCOL, np.arange(0), mac)
+
+
+def test_read_secret(tmp_path) -> None:
+    (tmp_path / "s").write_bytes(SECRET + b"\n")
+    assert auth.read_secret(tmp_path / "s") == SECRET
+    (tmp_path / "short").write_bytes(b"too short\n")
+    with pytest.raises(auth.SecretError, match="at least 16 bytes"):
+        auth.read_secret(tmp_path / "short")
+    with pytest.raises(auth.SecretError, match="cannot read"):
+        auth.read_secret(tmp_path / "missing")
+
+
+# ----------------------------------------------------------------------------------------------- impersonation
+@pytest.mark.asyncio
+async def test_impersonators_without_a_secret_are_refused_and_the_holders_keep_their_devices() -> None:
+    """Once the honest shards hold their devices, a second Hello for held ids (one shard's, every id, a partial
+    overlap) is refused and counted; the intruders leaving does not mark the honest devices as gone (no stage
+    waits out its timeout), and the run's digests equal the simulated run's."""
+    h = await started()
+    await h.registered()
+    n = h.sc.devices
+    for ids in (live.shard(n, 0, 2), np.arange(n), [n // 2 - 1, n // 2]):
+        await send_and_expect_close(h.port, hello(ids))
+    assert h.server.connected.all()  # the intruders left; the honest connections still hold every device
+    got = await h.finish()
+    assert got["digests"] == simulated()
+    assert h.server.drops == {"ids_held": 3}
+    assert got["live"]["dropped"] == {"ids_held": 3}
+    assert no_stage_timeouts(h)
+
+
+@pytest.mark.asyncio
+async def test_an_impersonator_that_leaves_closes_the_start_gate_again() -> None:
+    """Without a secret, a Hello naming every id before the real devices connect is accepted (nothing tells it
+    apart), but a second Hello on its connection is refused, and once it is gone the start gate is closed again:
+    the run starts only when the real devices hold every id, and its digests equal the simulated run's."""
+    sc = scenario()
+    h = Harness(sc, FAST)
+    await h.listen()
+    reader, writer = await connect(h.port)
+    writer.write(hello(np.arange(sc.devices)))
+    await writer.drain()
+    for _ in range(500):
+        if h.server._registered.is_set():
+            break
+        await asyncio.sleep(0.01)
+    assert h.server._registered.is_set()
+    writer.write(hello([0]))  # a second hello on the connection
+    assert await closed_by_server(reader)
+    writer.close()
+    assert not h.server._registered.is_set() and h.server._held == 0
+    h.start_run()
+    await asyncio.sleep(0.2)
+    assert h.server.current_round == 0  # still waiting for the devices
+    h.start_clients()
+    got = await h.finish()
+    assert got["digests"] == simulated()
+    assert h.server.drops == {"second_hello": 1}
+    assert no_stage_timeouts(h)
+
+
+@pytest.mark.asyncio
+async def test_with_a_secret_forged_and_replayed_hellos_are_refused() -> None:
+    """With a deployment secret: before the honest devices connect, a Hello naming every id with a forged MAC
+    does not open the start gate; a Hello without a MAC, one under another secret, one that adds a device to
+    what was signed, and one captured on another connection (replayed against a new nonce) are refused. The
+    honest run's digests equal the simulated run's."""
+    sc = scenario()
+    h = Harness(sc, dataclasses.replace(FAST, secret=SECRET))
+    await h.listen()
+    h.start_run()
+    n, shard0 = sc.devices, live.shard(sc.devices, 0, 2)
+    await send_and_expect_close(h.port, hello(np.arange(n), mac=bytes(32)), challenge=True)
+    assert not h.server._registered.is_set() and h.server._held == 0
+    await send_and_expect_close(h.port, hello(shard0), challenge=True)  # no mac
+    # another secret
+    reader, writer = await connect(h.port)
+    nonce = (await read_frame(reader)).nonce
+    writer.write(signed_hello(shard0, nonce, secret=b"not the deployment secret at all"))
+    assert await closed_by_server(reader)
+    writer.close()
+    # signed for shard 0, naming one device more
+    reader, writer = await connect(h.port)
+    nonce = (await read_frame(reader)).nonce
+    writer.write(signed_hello(np.append(shard0, shard0[-1] + 1), nonce, signed_ids=shard0))
+    assert await closed_by_server(reader)
+    writer.close()
+    # a valid Hello captured on connection A, replayed on connection B
+    reader_a, writer_a = await connect(h.port)
+    captured = signed_hello(shard0, (await read_frame(reader_a)).nonce)
+    reader_b, writer_b = await connect(h.port)
+    assert isinstance(await read_frame(reader_b), Challenge)
+    writer_b.write(captured)
+    assert await closed_by_server(reader_b)
+    writer_a.close()
+    writer_b.close()
+    assert h.server._held == 0 and not h.server._registered.is_set()
+    h.start_clients()
+    got = await h.finish()
+    assert got["digests"] == simulated()
+    assert h.server.drops == {"auth": 5}
+    assert got["live"]["authenticated"] is True
+    assert no_stage_timeouts(h)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("secret", [None, SECRET], ids=["no-secret", "secret"])
+async def test_a_duplicate_shard_is_refused(secret) -> None:
+    """A second client for shard 0 (the same devices; with the secret, valid credentials too) keeps being
+    refused while the first holds them; the first one's run is the simulated run."""
+    sc = scenario()
+    h = await started(settings=dataclasses.replace(FAST, secret=secret))
+    await h.registered()
+    dup = live.build_client(sc, live.shard(sc.devices, 0, 2), Ledger(sc.devices), HOST, h.port, secret=secret)
+    dup_task = asyncio.create_task(dup.run())
+    try:
+        got = await h.finish()
+    finally:
+        dup_task.cancel()
+    assert got["digests"] == simulated()
+    assert h.server.drops.get("ids_held", 0) >= 1 and set(h.server.drops) == {"ids_held"}
+    assert no_stage_timeouts(h)
+
+
+@pytest.mark.asyncio
+async def test_out_of_range_ids_are_refused_without_wraparound() -> None:
+    """Hello ids of 2^63, 2^64 - 1, the population size, a negative id (hand-made msgpack: an i8 array, a plain
+    list, an int) and a duplicate id are refused and counted, never an IndexError or a wrapped index; a report
+    batch naming 2^63 is a rejected message. Honest digests are unaffected."""
+    h = await started()
+    await h.registered()
+    n = h.sc.devices
+    for ids, dtype in (([2**63], np.uint64), ([2**64 - 1], np.uint64), ([0, 2**63], np.uint64), ([n], np.uint32),
+                       ([n], np.uint64)):
+        await send_and_expect_close(h.port, hello(ids, dtype))
+    body = {"v": 1, "type": "hello", "round": 1, "protocol": PROTOCOL}
+    negative_i8 = msgpack.ExtType(wire.ARRAY_EXT, struct.pack("<BI", 5, 1) + struct.pack("<q", -1))
+    duplicate = msgpack.ExtType(wire.ARRAY_EXT, struct.pack("<BI", 2, 2) + struct.pack("<II", 3, 3))
+    for devices in (negative_i8, [-1], -1, duplicate):
+        await send_and_expect_close(h.port, frame(msgpack.packb({**body, "devices": devices}, use_bin_type=True)))
+    reader, writer = await connect(h.port)  # a batch without a hello, naming device 2^63
+    rejected = h.server.stats.reasons.get("protocol", 0)
+    batch = ReportBatch(1, PROTOCOL, np.array([2**63], np.uint64), {"bit": wire.bits(np.ones(1))})
+    writer.write(frame(wire.encode(batch)))
+    await writer.drain()
+    for _ in range(200):
+        if h.server.stats.reasons.get("protocol", 0) > rejected:
+            break
+        await asyncio.sleep(0.01)
+    assert h.server.stats.reasons.get("protocol", 0) == rejected + 1
+    writer.close()
+    got = await h.finish()
+    assert got["digests"] == simulated()
+    assert h.server.drops == {"ids_out_of_range": 5, "malformed": 4}
+    assert no_stage_timeouts(h)
+
+
+# ----------------------------------------------------------------------------------------------- resources
+@pytest.mark.asyncio
+async def test_a_reader_that_never_reads_is_dropped_and_the_run_goes_on() -> None:
+    """A connection that never reads (a tiny receive window, a small server send buffer) across 300 rounds: its
+    socket fills, the broadcast waits for it at most the write timeout, then drops it (counted); the run
+    completes with the simulated run's digests."""
+    sc = scenario(devices=40, rounds=300, cohort=40)
+    settings = dataclasses.replace(FAST, send_buffer=4096, write_timeout=0.5, hello_timeout=120.0)
+    h = Harness(sc, settings, connections=1)
+    await h.listen()
+    slow = never_reading(h.port)  # never reads, never writes
+    h.start_clients()
+    h.start_run()
+    t0 = time.perf_counter()
+    try:
+        got = await h.finish(timeout=60)
+    finally:
+        slow.close()
+    assert got["digests"] == simulated(40, 300, 40)
+    assert h.server.drops == {"write_timeout": 1}
+    assert time.perf_counter() - t0 < 30
+    assert no_stage_timeouts(h)
+
+
+@pytest.mark.asyncio
+async def test_trickled_oversized_and_budget_busting_frames_are_dropped() -> None:
+    """A frame sent one byte every 50 ms is dropped once the read timeout has passed since its first byte (each
+    byte does not restart the clock); a frame announcing more than the limit is dropped before its body; two
+    incomplete frames above the buffer budget get the second one dropped. Honest digests are unaffected."""
+    settings = dataclasses.replace(FAST, buffer_budget=100_000, read_timeout=0.5)
+    h = await started(settings=settings)
+    await h.registered()
+
+    async def trickle() -> float:
+        reader, writer = await connect(h.port)
+        t0 = time.monotonic()
+        payload = hello([0])
+        try:
+            for i in range(len(payload)):  # 40-odd bytes: 2 s at 50 ms each, if it were never dropped
+                writer.write(payload[i:i + 1])
+                await writer.drain()
+                await asyncio.sleep(0.05)
+                if reader.at_eof():
+                    break
+        except ConnectionError:
+            pass
+        assert await closed_by_server(reader)
+        writer.close()
+        return time.monotonic() - t0
+
+    took = await trickle()
+    assert took < 1.5
+    await send_and_expect_close(h.port, struct.pack(">I", wire.MAX_MESSAGE_BYTES + 1) + b"x" * 10)
+    reader_a, writer_a = await connect(h.port)
+    writer_a.write(struct.pack(">I", 80_000) + b"a" * 60_000)
+    await writer_a.drain()
+    await asyncio.sleep(0.05)
+    await send_and_expect_close(h.port, struct.pack(">I", 80_000) + b"b" * 60_000)  # 120,000 > 100,000
+    assert await closed_by_server(reader_a)  # then the first one's read timeout
+    writer_a.close()
+    got = await h.finish()
+    assert got["digests"] == simulated()
+    assert h.server.drops == {"read_timeout": 2, "oversized": 1, "buffer_budget": 1}
+    assert h.server._buffered == 0
+
+
+@pytest.mark.asyncio
+async def test_a_connection_flood_beyond_the_limit() -> None:
+    """With a limit of 20 connections, 60 idle connections arrive with the honest clients: the excess is closed
+    at once and counted, the idle ones that got in are dropped at the hello timeout, the honest clients get
+    in (reconnecting with backoff) and the run's digests equal the simulated run's. The log holds at most one
+    line per drop cause per round (plus the counts)."""
+    settings = dataclasses.replace(FAST, max_connections=20, hello_timeout=1.0)
+    h = Harness(scenario(), settings, connections=4)
+    await h.listen()
+    opened = await asyncio.gather(*(asyncio.wait_for(asyncio.open_connection(HOST, h.port), 5) for _ in range(60)),
+                                  return_exceptions=True)
+    flood = [c for c in opened if isinstance(c, tuple)]
+    assert len(flood) == 60
+    h.start_clients()
+    h.start_run()
+    got = await h.finish(timeout=60)
+    for _, writer in flood:
+        writer.close()
+    assert got["digests"] == simulated()
+    drops = h.server.drops
+    assert drops.get("connection_limit", 0) >= 30, drops
+    assert drops.get("hello_timeout", 0) >= 15, drops
+    assert set(drops) <= {"connection_limit", "hello_timeout"}
+    lines = [e for e in h.log() if e.get("event") == "connection_dropped"]
+    assert len(lines) == len({(e["cause"], e["round"]) for e in lines}) < 10
+    counts = [e for e in h.log() if e.get("event") == "connections_dropped"]
+    assert sum(e["counts"].get("connection_limit", 0) for e in counts) == drops["connection_limit"]
+
+
+@pytest.mark.asyncio
+async def test_deep_nesting_is_a_wire_error_and_the_run_is_unaffected() -> None:
+    """A Hello whose protocol field is nested 1,000 arrays deep, and a frame of a million empty arrays: each is a
+    WireError (no RecursionError, no gigabytes of objects), counted; the connection is dropped."""
+    deep = b"\x91" * 1000 + b"\x01"
+    doc = (b"\x84" + msgpack.packb("v") + b"\x01" + msgpack.packb("type") + msgpack.packb("hello")
+           + msgpack.packb("round") + b"\x01" + msgpack.packb("protocol") + deep)
+    wide = b"\xdd" + struct.pack(">I", 1_000_000) + b"\x90" * 1_000_000
+    for raw in (doc, wide):
+        with pytest.raises(wire.WireError):
+            wire.decode(raw)
+    h = await started()
+    await h.registered()
+    for raw in (doc, wide):
+        await send_and_expect_close(h.port, frame(raw))
+    got = await h.finish()
+    assert got["digests"] == simulated()
+    assert h.server.drops == {"malformed": 2}
+
+
+# ----------------------------------------------------------------------------------------------- TLS
+@pytest.fixture(scope="module")
+def self_signed(tmp_path_factory):
+    """A self-signed certificate for 127.0.0.1, made with the openssl command line (the `cryptography` package
+    is not a dependency)."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("no openssl command to make a test certificate with")
+    d = tmp_path_factory.mktemp("tls")
+    cert, key = d / "cert.pem", d / "key.pem"
+    subprocess.run([openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                    "-keyout", str(key), "-out", str(cert), "-days", "2", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True, timeout=60)
+    return str(cert), str(key)
+
+
+@pytest.mark.asyncio
+async def test_tls_with_device_authentication(self_signed) -> None:
+    """Over TLS with a secret: the honest run equals the simulated run; a plaintext client is dropped (tls) and a
+    client that does not trust the certificate cannot connect."""
+    import ssl
+
+    cert, key = self_signed
+    settings = dataclasses.replace(FAST, secret=SECRET, tls=live.server_tls(cert, key))
+    h = await started(settings=settings, client_tls=live.client_tls(cert))
+    await h.registered()
+    await send_and_expect_close(h.port, hello([0]))  # plaintext
+    with pytest.raises(ssl.SSLError):
+        await asyncio.wait_for(asyncio.open_connection(HOST, h.port, ssl=ssl.create_default_context()), 5)
+    got = await h.finish()
+    assert got["digests"] == simulated()
+    assert got["live"]["tls"] is True
+    assert set(h.server.drops) == {"tls"} and h.server.drops["tls"] == 2
+
+
+# ----------------------------------------------------------------------------------------------- processes
+def test_serve_exits_with_an_idle_connection_open(tmp_path) -> None:
+    """`ldpsim serve` and `ldpsim devices` with --secret-file, and one idle connection that never says hello: the
+    server finishes the run and exits (on Python 3.12.1+ Server.wait_closed() waits for every client: the
+    connections are closed first). Its summary.json has the live section."""
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        port = s.getsockname()[1]
+    (tmp_path / "secret").write_bytes(SECRET)
+    sets = ["--set", "population.devices=300", "--set", "rounds=3", "--set", "network.loss=0"]
+    cmd = [sys.executable, "-m", "scenarios.cli"]
+    common = ["--secret-file", str(tmp_path / "secret")]
+    server = subprocess.Popen(cmd + ["serve", "quickstart", "--port", str(port), "--out", str(tmp_path / "srv"),
+                                     "--hello-timeout", "300"] + common + sets,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    idle = socket.socket()
+    shard = None
+    try:
+        for _ in range(300):  # up to 30 s for the server to listen
+            try:
+                idle.connect((HOST, port))
+                break
+            except OSError:
+                idle.close()
+                idle = socket.socket()
+                time.sleep(0.1)
+        shard = subprocess.Popen(cmd + ["devices", "quickstart", "--connect", f"{HOST}:{port}", "--connections", "2"]
+                                 + common + sets, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert shard.wait(timeout=60) == 0, shard.stderr.read().decode()[-2000:]
+        assert server.wait(timeout=60) == 0, server.stderr.read().decode()[-2000:]
+    finally:
+        idle.close()
+        for p in (server, shard):
+            if p is not None:
+                p.kill()
+    summary = json.loads((tmp_path / "srv" / "summary.json").read_text())
+    assert summary["live"]["authenticated"] is True
+    assert summary["reports"]["accepted"] == 300 * 3
