@@ -158,6 +158,26 @@ class ReferenceDevice:
     def affordable(self, cost: float) -> bool:
         return self.budget is None or cost <= 0 or self.spent + cost <= self.budget + BUDGET_SLACK
 
+    def report_charges(self, r: int, memo_input: int) -> list[Charge] | None:
+        """The charges of one report of the 1BitMean and dBitFlip families, or None when the budget refuses it.
+        Memoized (``self.memoized``): eps the first time ``memo_input`` is revealed (Theorem 4), plus the
+        per-report guarantee under output perturbation (not cumulative); fresh: the per-report loss."""
+        p = self.params
+        if self.memoized:
+            new = memo_input not in self.revealed
+            if not self.affordable(p.epsilon if new else 0.0):
+                return None
+            charges = []
+            if new:
+                self.revealed.add(memo_input)
+                charges.append(self.charge(r, MEMO_REVEAL, p.epsilon))
+            if p.gamma > 0:
+                charges.append(Charge(r, ROUND_GUARANTEE, self.round_epsilon(), False))
+            return charges
+        if not self.affordable(self.round_epsilon()):
+            return None
+        return [self.charge(r, FRESH_REPORT, self.round_epsilon())]
+
     def charge(self, round_: int, reason: str, amount: float) -> Charge:
         self.spent += amount
         return Charge(round_, reason, amount)
@@ -224,21 +244,8 @@ class OneBitReference(ReferenceDevice):
                                                                                             p.max_value))
         if p.gamma > 0 and uniform1(key(self.seed, Purpose.FLIP, r), self.id) < p.gamma:
             bit = 1 - bit
-        charges = []
-        if self.memoized:
-            new = g not in self.revealed
-            if not self.affordable(p.epsilon if new else 0.0):
-                return None, []
-            if new:
-                self.revealed.add(g)
-                charges.append(self.charge(r, MEMO_REVEAL, p.epsilon))
-            if p.gamma > 0:
-                charges.append(Charge(r, ROUND_GUARANTEE, self.round_epsilon(), False))
-        else:
-            if not self.affordable(self.round_epsilon()):
-                return None, []
-            charges.append(self.charge(r, FRESH_REPORT, self.round_epsilon()))
-        return Report("report", r, {"bit": bit}), charges
+        charges = self.report_charges(r, g if self.memoized else 0)
+        return (Report("report", r, {"bit": bit}), charges) if charges is not None else (None, [])
 
 
 # ------------------------------------------------------------------------------------ dBitFlip family
@@ -286,20 +293,9 @@ class DBitFlipReference(ReferenceDevice):
             if p.gamma > 0 and uniform2(key(self.seed, Purpose.FLIP, r), self.id, pos) < p.gamma:
                 b = 1 - b
             bits.append(b)
-        charges = []
-        if self.memoized:
-            new = s not in self.revealed
-            if not self.affordable(p.epsilon if new else 0.0):
-                return None, []
-            if new:
-                self.revealed.add(s)
-                charges.append(self.charge(r, MEMO_REVEAL, p.epsilon))
-            if p.gamma > 0:
-                charges.append(Charge(r, ROUND_GUARANTEE, self.round_epsilon(), False))
-        else:
-            if not self.affordable(self.round_epsilon()):
-                return None, []
-            charges.append(self.charge(r, FRESH_REPORT, self.round_epsilon()))
+        charges = self.report_charges(r, s)
+        if charges is None:
+            return None, []
         columns: dict[str, Any] = {"b": tuple(bits)}
         if d < k:
             columns["j"] = tuple(self.J)

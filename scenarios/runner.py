@@ -120,14 +120,21 @@ def run(scenario: Scenario, events: TextIO | None = None,
     book = RoundBook(sc, world, ledger, protocol, log)
     observers = [c for c in cohorts if hasattr(c.device, "observe")]
 
+    def new_day(r: int, honest: bool = True):
+        """Wait for round r's start; the world moves to it and the devices look at their counters."""
+        start = (r - 1) * sc.simulation.round_seconds
+        if env.now < start:
+            yield env.timeout(start - env.now)
+        if honest:
+            book.advance_day(r)
+        else:
+            world.advance_to(r)
+        for cohort in observers:
+            cohort.observe(r)
+
     def clock():
         for r in range(1, sc.rounds + 1):
-            start = (r - 1) * sc.simulation.round_seconds
-            if env.now < start:
-                yield env.timeout(start - env.now)
-            book.advance_day(r)
-            for cohort in observers:
-                cohort.observe(r)
+            yield from new_day(r)
             if r % book.epoch_length:
                 continue
             t = r // book.epoch_length
@@ -138,12 +145,7 @@ def run(scenario: Scenario, events: TextIO | None = None,
                 progress(r, sc.rounds)
         for t in collector.hostility.extra_rounds(sc.collections):  # a hostile collector asking for more
             for r in range((t - 1) * book.epoch_length + 1, t * book.epoch_length + 1):
-                start = (r - 1) * sc.simulation.round_seconds
-                if env.now < start:
-                    yield env.timeout(start - env.now)
-                world.advance_to(r)
-                for cohort in observers:
-                    cohort.observe(r)
+                yield from new_day(r, honest=False)
             yield env.process(collector.run_round(t))
             log.info("round_beyond_horizon", round=t, reports=collector.stats.reports_accepted)
 
