@@ -106,7 +106,7 @@ class LiveSettings:
     send_buffer: int | None = None  # SO_SNDBUF of accepted sockets (None: the kernel's default)
     secret: bytes | None = None  # deployment secret: Hellos must be authenticated (protocols.auth)
     tls: ssl.SSLContext | None = None  # server-side TLS context
-    round_pause: float = 0.0  # real seconds to wait after each round (pacing a demo or a test)
+    round_pause: float = 0.0  # real seconds to wait after each round and each later stage (pacing a demo or a test)
 
 
 class LiveCollector:
@@ -147,6 +147,9 @@ class LiveCollector:
         self.current_round = 0
         self.frames_sent = 0
         self.server: asyncio.base_events.Server | None = None
+        #: (message, its stage's nominal close) of a stage a resumed collector continues at (scenarios/journal.py):
+        #: its round starts there, with that message re-broadcast, instead of at the round's first stage
+        self.resume_stage: tuple[Message, float] | None = None
 
     @property
     def dropped(self) -> int:
@@ -424,9 +427,15 @@ class LiveCollector:
             if honest and self.on_round_start is not None:
                 self.on_round_start(t)
             close_at = self.nominal_start(t) + self.deadline
-            msg: Message | None = self.protocol.request(t, close_at)
-            for hostile in self.hostility.start_round() if self.hostility is not None else ():
-                await self._broadcast(hostile, close_at - self.deadline)
+            msg: Message | None
+            later = False  # the open stage was opened by advance (not the round's first)
+            if self.resume_stage is not None and t == first_round:  # resumed at a stage boundary of round t
+                msg, close_at = self.resume_stage
+                self.resume_stage, later = None, True
+            else:
+                msg = self.protocol.request(t, close_at)
+                for hostile in self.hostility.start_round() if self.hostility is not None else ():
+                    await self._broadcast(hostile, close_at - self.deadline)
             while msg is not None:
                 self._stage_open = True
                 self._stage_frame = frame(wire.encode(msg))  # also sent to a connection that registers mid-stage
@@ -438,6 +447,9 @@ class LiveCollector:
                     await asyncio.wait_for(self._acked.wait(), self.settings.stage_timeout)
                 except asyncio.TimeoutError:
                     self.log.warning("stage_timeout", round=t)
+                if later and self.settings.round_pause > 0:  # a stage opened by advance: paced like a round
+                    await asyncio.sleep(self.settings.round_pause)
+                later = True
                 self._stage_open = False
                 self._stage_frame = None
                 closed_at, close_at = close_at, close_at + self.deadline

@@ -177,12 +177,15 @@ class ReportCollector:
         rec = self.transcript[i][1]
         return rec if isinstance(rec, np.ndarray) else np.ascontiguousarray(rec.rows(0, rec.shape[0]))
 
-    def stage_snapshot(self, records: bool = True) -> dict:
-        """This stage's rounds and stored transcript (protocols.snapshot); taken between rounds only.
-        ``records=False`` leaves the records out (a journal that stores them apart, once each)."""
-        if self._present is not None:
+    def stage_snapshot(self, records: bool = True, boundary: bool = False) -> dict:
+        """This stage's rounds and stored transcript (protocols.snapshot); taken between rounds only, or with
+        ``boundary`` also while the stage is open but has received nothing yet (a multi-stage collector right
+        after ``advance`` opened it: restored open, empty). ``records=False`` leaves the records out (a journal
+        that stores them apart, once each)."""
+        if self._present is not None and (not boundary or self._present.any()):
             raise ValueError(f"{self.name}: a collector is snapshotted between rounds, not with a stage open")
         out = {"name": self.name, "n_devices": self.n_devices, "round": self.round, "packed": self._bits_only,
+               "open": self._present is not None,
                "record_width": self.record_width(),
                "report_counts": np.array(self.report_counts, dtype=np.int64),
                "record_rounds": np.array([r for r, _ in self.transcript], dtype=np.int64)}
@@ -216,6 +219,9 @@ class ReportCollector:
         self.report_counts = counts.tolist()
         self.round = snap.field(state, "round", int)
         self._present, self._data = None, {}
+        if state.get("open", False):  # taken at a stage boundary: the stage is open and has received nothing
+            self._present = np.zeros(self.n_devices, dtype=bool)
+            self._data = {c.name: np.zeros((self.n_devices, c.width), dtype=c.dtype) for c in self.columns}
 
     def snapshot(self, records: bool = True) -> dict:
         """What a resumed collector needs (protocols.snapshot): the stages' transcripts (``stages``: name ->

@@ -446,10 +446,14 @@ class ThreshCollector:
 
     def snapshot(self, records: bool = True) -> dict:
         """Both stages' transcripts, the epoch, the carried-forward estimate, the update epochs and the last
-        epoch's decision figures (protocols.snapshot); between epochs only."""
-        if self.stage is not None:
+        epoch's decision figures (protocols.snapshot); between epochs, or at the stage boundary right after
+        :meth:`advance` (votes closed, the decision made, the estimate stage open and empty: ``open_stage``
+        "estimate", restored so; the decision message is :meth:`open_message`)."""
+        boundary = self.stage is self.estimates
+        if self.stage is not None and not boundary:
             raise ValueError("thresh: a collector is snapshotted between epochs, not with a stage open")
-        return {"protocol": self.name, "stages": {n: s.stage_snapshot(records) for n, s in self.stages()},
+        stages = {n: s.stage_snapshot(records, boundary=boundary) for n, s in self.stages()}
+        return {"protocol": self.name, "stages": stages, "open_stage": "estimate" if boundary else "",
                 "epoch": self.epoch, "estimate": float(self.estimate),
                 "updates": np.array(self.updates, dtype=np.int64), "vote_mean": float(self._vote_mean),
                 "update": bool(self._update), "vote_reports": int(self._vote_reports)}
@@ -469,6 +473,18 @@ class ThreshCollector:
         self._update = snap.field(state, "update", bool)
         self._vote_reports = snap.field(state, "vote_reports", int)
         self.stage = None
+        open_stage = state.get("open_stage", "")
+        if open_stage not in ("", "estimate") or bool(open_stage) != (self.estimates._present is not None) \
+                or self.votes._present is not None:
+            raise snap.SnapshotError(f"thresh snapshot with open stage {open_stage!r:.20} does not fit its stages")
+        if open_stage:
+            self.stage = self.estimates
+
+    def open_message(self, deadline: float) -> Decision | None:
+        """The message of the stage open at a boundary (restored from a snapshot): the epoch's decision."""
+        if self.stage is not self.estimates:
+            return None
+        return Decision(round=self.epoch, protocol=self.name, update=self._update, deadline=deadline)
 
     def request(self, epoch: int, deadline: float) -> CollectionRequest:
         self.epoch = epoch

@@ -256,11 +256,16 @@ class ToplCollector:
 
     def snapshot(self, records: bool = True) -> dict:
         """Both stages' transcripts, the thetas by version, the threshold history and densities, the pinned
-        thetas and the round (protocols.snapshot); between rounds only."""
-        if self.stage is not None:
+        thetas and the round (protocols.snapshot); between rounds, or at the stage boundary right after
+        :meth:`advance` (holdout closed, the threshold chosen, the report stage open and empty: ``open_stage``
+        "report", restored so; the threshold message is :meth:`open_message`)."""
+        boundary = self.stage is self.reports and self.params.threshold_round(self.round) \
+            and bool(self.history) and self.history[-1][0] == self.round
+        if self.stage is not None and not boundary:
             raise ValueError("topl: a collector is snapshotted between rounds, not with a stage open")
         versions = sorted(self.thetas)
-        return {"protocol": self.name, "stages": {n: s.stage_snapshot(records) for n, s in self.stages()},
+        stages = {n: s.stage_snapshot(records, boundary=boundary) for n, s in self.stages()}
+        return {"protocol": self.name, "stages": stages, "open_stage": "report" if boundary else "",
                 "round": self.round, "versions": np.array(versions, dtype=np.int64),
                 "thetas": np.array([self.thetas[v] for v in versions], dtype=np.float64),
                 "history_rounds": np.array([r for r, _ in self.history], dtype=np.int64),
@@ -293,6 +298,20 @@ class ToplCollector:
         self.round = snap.field(state, "round", int)
         self._holdout_reports = snap.field(state, "holdout_reports", int)
         self.stage = None
+        open_stage = state.get("open_stage", "")
+        if open_stage not in ("", "report") or bool(open_stage) != (self.reports._present is not None) \
+                or self.holdout._present is not None or (open_stage and not self.history):
+            raise snap.SnapshotError(f"topl snapshot with open stage {open_stage!r:.20} does not fit its stages")
+        if open_stage:
+            self.stage = self.reports
+
+    def open_message(self, deadline: float) -> Threshold | None:
+        """The message of the stage open at a boundary (restored from a snapshot): the round's threshold."""
+        if self.stage is not self.reports or not self.params.threshold_round(self.round):
+            return None
+        version = len(self.thetas)
+        return Threshold(round=self.round, protocol=self.name, theta=self.thetas[version], version=version,
+                         deadline=deadline)
 
     def request(self, round_: int, deadline: float) -> CollectionRequest:
         self.round = round_

@@ -3,7 +3,9 @@
 written to a temporary name and moved into place (scenarios.tables.atomic_path): a reader sees a whole file.
 
 **Collector journal** (``RUN_DIR/journal.msgpack``, kind ``collector-journal``), rewritten after every closed
-round: the scenario's name and the sha256 of its scenario.json text, the last closed round, the collector
+round and at every stage boundary of a round (a multi-stage collector's ``advance`` closed a stage and returned
+the next stage's message: THRESH's decision, a ToPL threshold; written before that message is broadcast):
+the scenario's name and the sha256 of its scenario.json text, the last closed round, the collector
 side's snapshot (protocols: rounds, estimates, ToPL's thetas by version, THRESH's carried estimate, ToPS's
 release state...), the RoundBook's records (truth, estimate, reports per round), the spend history,
 the collector's counters and every downlink record. Transcript records are not rewritten each round: each
@@ -11,11 +13,18 @@ closed round record goes once to ``RUN_DIR/journal-records/`` (kind ``transcript
 lists them. *Write-ahead:* a ToPL threshold is added to the journal before it is broadcast, so a collector
 resumed in the middle of that round broadcasts the same theta under the same version.
 
-A resumed collector restores all this and runs from the round after the last closed one. A round that was in
-progress when the collector died is run again from its first stage: devices that had answered it re-send the
-frames they sent (agents/resumable.py), byte for byte, and are charged nothing new; so a resumed run gives
-the uninterrupted run's transcript, estimates and ledger. A journal of another scenario, or a corrupt one, is
-refused with one line (:class:`JournalError`). A finished run removes its journal (:func:`finish`).
+At a stage boundary the journal also holds ``open``: the round, the open stage's name, its message (wire bytes)
+and nominal close; the collector snapshot then has that stage open and empty (``open_stage``) beside the closed
+stages' records and the decision or threshold just made.
+
+A resumed collector restores all this and runs from the round after the last closed one; a journal written at a
+stage boundary continues that round at the open stage, its message broadcast again (devices that answered it
+re-send their frames; the earlier stages are not run again, so a decision never changes with fewer votes). A
+round whose first stage was in progress when the collector died is run again from that stage. Devices that
+had answered a message sent again re-send the frames they sent (agents/resumable.py), byte for byte, and are
+charged nothing new; so a resumed run gives the uninterrupted run's transcript, estimates and ledger. A
+journal of another scenario, or a corrupt one, is refused with one line (:class:`JournalError`). A finished
+run removes its journal (:func:`finish`).
 
 **Device state** (``OUT/devices-shard-I-of-N.state``, kind ``device-state``), saved after every message a
 device process answers and before its frames go out: every cohort's snapshot (guard spend and last round,
@@ -35,8 +44,8 @@ from typing import Any
 
 import numpy as np
 
-from protocols import snapshot
-from protocols.messages import Threshold
+from protocols import snapshot, wire
+from protocols.messages import Message, Threshold
 from scenarios.schema import Scenario, ScenarioError
 from scenarios.tables import atomic_path
 
@@ -90,6 +99,18 @@ class CollectorJournal:
     # -- writing
     def write_round(self, t: int) -> None:
         """The state after closed round ``t`` (records of new rounds go to their own files first)."""
+        self._write_state(t, None)
+
+    def write_stage(self, msg: Message) -> None:
+        """The state at a stage boundary of round ``msg.round``: its earlier stages closed (their records go to
+        their own files), the decision or threshold made, and ``msg`` (the open stage's message, about to be
+        broadcast) kept for a resumed collector to broadcast again."""
+        protocol = self.server.protocol
+        name = next((n for n, s in protocol.stages() if s is getattr(protocol, "stage", None)), "")
+        self._write_state(int(msg.round) - 1, {"round": int(msg.round), "stage": name, "message": wire.encode(msg),
+                                               "close_at": float(msg.deadline)})
+
+    def _write_state(self, t: int, open_: dict[str, Any] | None) -> None:
         protocol = self.server.protocol
         state = protocol.snapshot(records=False)
         (self.dir / RECORDS).mkdir(parents=True, exist_ok=True)
@@ -108,7 +129,7 @@ class CollectorJournal:
         self.last_round = int(t)
         self._state = {
             "version": VERSION, "scenario": self.sc.name, "scenario_sha256": scenario_sha256(self.sc),
-            "last_round": int(t),
+            "last_round": int(t), "open": open_,
             "protocol": state,
             "rounds": [{"round": int(r.round), "time": float(r.time), "truth": _scalar(r.truth),
                         "estimate": _scalar(r.estimate), "reports": int(r.reports), "clipped": int(r.clipped),
@@ -122,12 +143,13 @@ class CollectorJournal:
         }
         self._flush()
 
-    def threshold(self, msg: Threshold) -> None:
+    def threshold(self, msg: Threshold, flush: bool = True) -> None:
         """Write-ahead: a threshold about to be broadcast is journaled first."""
         entry = [int(msg.version), float(msg.theta), int(msg.round)]
         if entry not in self.thresholds:
             self.thresholds.append(entry)
-            self._flush()
+            if flush:
+                self._flush()
 
     def _flush(self) -> None:
         if self._state is None:
@@ -193,7 +215,9 @@ def load(run_dir: Path | str, sc: Scenario) -> dict[str, Any]:
 
 
 def resume(state: dict[str, Any], server: Any, book: Any) -> int:
-    """Restore a loaded journal into a freshly built server and book; returns the first round to run."""
+    """Restore a loaded journal into a freshly built server and book; returns the first round to run. A journal
+    written at a stage boundary (``open``) also sets ``server.resume_stage``: that round continues at the open
+    stage, its message broadcast again."""
     from scenarios.runner import RoundRecord
 
     try:
@@ -214,20 +238,31 @@ def resume(state: dict[str, Any], server: Any, book: Any) -> int:
         for k, v in snapshot.field(state, "stats", dict).items():
             if hasattr(server.stats, k):
                 setattr(server.stats, k, dict(v) if isinstance(v, dict) else v)
+        open_ = state.get("open")
+        if open_ is not None:
+            msg = wire.decode(snapshot.field(open_, "message", bytes))
+            if (msg.round != last + 1 or snapshot.field(open_, "round", int) != last + 1
+                    or getattr(protocol, "stage", None) is None):
+                raise snapshot.SnapshotError(f"open stage {open_.get('stage')!r:.20} of round {msg.round} does not "
+                                             f"follow closed round {last}")
+            server.resume_stage = (msg, snapshot.field(open_, "close_at", float))
+        elif getattr(protocol, "stage", None) is not None:
+            raise snapshot.SnapshotError("the collector state has a stage open, the journal names none")
         server.frames_sent = snapshot.field(state, "frames_sent", int)
         if isinstance(getattr(server, "drops", None), dict):
             server.drops.update(snapshot.field(state, "drops", dict))
         server.downlink[:] = snapshot.field(state, "downlink", list)
         if server.hostility is not None and hasattr(server.hostility, "_versions"):
             server.hostility._versions[:] = snapshot.field(state, "hostile_versions", list)
-    except (snapshot.SnapshotError, KeyError, TypeError, ValueError) as exc:
+    except (snapshot.SnapshotError, wire.WireError, KeyError, TypeError, ValueError) as exc:
         raise JournalError(f"the journal does not fit this collector: {exc}"[:300]) from None
     return last + 1
 
 
 def attach(run_dir: Path | str, sc: Scenario, server: Any, book: Any, resume_from: bool = False) -> int:
-    """Journal ``server`` into ``run_dir`` after every closed round (and thresholds before they go out). With
-    ``resume_from``: first restore the journal there. Returns the first round the server should run."""
+    """Journal ``server`` into ``run_dir`` after every closed round and at every stage boundary (before the next
+    stage's message goes out). With ``resume_from``: first restore the journal there (``server.resume_stage``
+    set when it was written at a stage boundary). Returns the first round the server should run."""
     run_dir = Path(run_dir)
     journal = CollectorJournal(run_dir, sc, server, book)
     first = 1
@@ -236,7 +271,10 @@ def attach(run_dir: Path | str, sc: Scenario, server: Any, book: Any, resume_fro
         journal.files = {n: list(s["record_files"]) for n, s in state["protocol"]["stages"].items()}
         journal.thresholds = [list(e) for e in state["thresholds"]]
         first = resume(state, server, book)
-        journal.write_round(first - 1)
+        if server.resume_stage is not None:
+            journal.write_stage(server.resume_stage[0])
+        else:
+            journal.write_round(first - 1)
     else:
         (run_dir / JOURNAL).unlink(missing_ok=True)
         shutil.rmtree(run_dir / RECORDS, ignore_errors=True)
@@ -254,11 +292,13 @@ def attach(run_dir: Path | str, sc: Scenario, server: Any, book: Any, resume_fro
 
     def journaled_advance(deadline: float) -> Any:
         msg = advance(deadline)
-        if isinstance(msg, Threshold):
-            journal.threshold(msg)
+        if msg is not None and server.current_round <= server.rounds:  # not a hostile extra round
+            if isinstance(msg, Threshold):
+                journal.threshold(msg, flush=False)
+            journal.write_stage(msg)
         return msg
 
-    protocol.advance = journaled_advance  # the instance's own: a threshold is journaled before it is broadcast
+    protocol.advance = journaled_advance  # the instance's own: each stage boundary is journaled before its broadcast
     server.journal = journal
     return first
 

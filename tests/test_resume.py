@@ -459,14 +459,20 @@ class Killed(Exception):
     pass
 
 
+OPEN_STAGE = {"topl": "report", "thresh": "estimate"}
+
+
 @pytest.mark.asyncio
+@pytest.mark.parametrize("where", ["boundary", "first_stage"])
 @pytest.mark.parametrize("name", ["topl", "thresh"])
-async def test_collector_dying_mid_round_is_resumed_from_that_rounds_first_stage(tmp_path: Path, name: str) -> None:
-    """In process: the collector dies in the last stage of round 4 (ToPL: after its second threshold went out;
-    THRESH: after the decision), with every report of that stage in hand. A collector resumed from the journal
-    runs round 4 again from its first stage; the clients re-send the frames they sent (byte-identical, no new
-    charge), the same threshold version carries the same theta, and the digests and ledger are the
-    uninterrupted run's."""
+async def test_collector_dying_mid_round_is_resumed_where_it_stopped(tmp_path: Path, name: str, where: str) -> None:
+    """In process: the collector dies in round 4. ``boundary``: in its last stage (ToPL: after its second
+    threshold went out; THRESH: after the decision), with every report of that stage in hand; the journal was
+    written at that stage boundary, and a resumed collector continues at that stage: it broadcasts the same
+    threshold or decision again and never re-runs the first stage. ``first_stage``: before the first stage
+    closed; the journal is of round 3 and round 4 is run again from its first stage. Either way the clients
+    re-send the frames they sent (byte-identical, no new charge), the same threshold version carries the same
+    theta, and the digests and ledger are the uninterrupted run's."""
     from collector.server import LiveSettings
     from scenarios import live
 
@@ -484,7 +490,17 @@ async def test_collector_dying_mid_round_is_resumed_from_that_rounds_first_stage
             raise Killed
         return close_round()
 
-    first.protocol.close_round = dying_close_round
+    advance = first.protocol.advance  # the journal's (attach wraps the instance's)
+
+    def dying_advance(deadline):
+        if (first.protocol.round == 4 if name == "topl" else first.protocol.epoch == 4):
+            raise Killed
+        return advance(deadline)
+
+    if where == "boundary":
+        first.protocol.close_round = dying_close_round
+    else:
+        first.protocol.advance = dying_advance
     port = await first.start("127.0.0.1", 0)
     days = live.process_days(sc)
     clients = [live.build_client(sc, live.shard(sc.devices, i, 2), ledger, "127.0.0.1", port, days) for i in range(2)]
@@ -493,9 +509,27 @@ async def test_collector_dying_mid_round_is_resumed_from_that_rounds_first_stage
         await first.run()
     await first.close()
     if name == "topl":
-        assert [e[0] for e in first.journal.thresholds] == [1, 2]  # version 2 journaled before it went out
+        assert [e[0] for e in first.journal.thresholds] == ([1, 2] if where == "boundary" else [1])
+    state = journal.check(tmp_path, sc)
+    if where == "boundary":  # journaled at the boundary: the open stage, its message, the decision made
+        assert state["last_round"] == 3 and state["open"]["round"] == 4
+        assert state["open"]["stage"] == OPEN_STAGE[name]
+        assert state["protocol"]["open_stage"] == OPEN_STAGE[name]
+        assert wire.decode(state["open"]["message"]) == wire.decode(wire.encode(first.protocol.open_message(
+            state["open"]["close_at"])))
+    else:
+        assert state["last_round"] == 3 and state["open"] is None
     second, book2, _ = live.build_server(sc, ledger, None, fast)
     assert journal.attach(tmp_path, sc, second, book2, resume_from=True) == 4
+    assert (second.resume_stage is not None) == (where == "boundary")
+    requested = []
+    request = second.protocol.request
+
+    def counting_request(t, deadline):
+        requested.append(t)
+        return request(t, deadline)
+
+    second.protocol.request = counting_request
     await second.start("127.0.0.1", port)
     await second.run(first_round=4)
     await asyncio.wait_for(asyncio.gather(*tasks), 20)
@@ -506,6 +540,103 @@ async def test_collector_dying_mid_round_is_resumed_from_that_rounds_first_stage
     assert got["digests"] == sim["digests"]
     if name == "topl":
         assert second.protocol.thetas == sim_result.collector.protocol.thetas
+    last = sc.collections
+    assert requested == (list(range(5, last + 1)) if where == "boundary" else list(range(4, last + 1)))
+    if name == "thresh":  # the decision of epoch 4 is the uninterrupted run's (made once, on every vote)
+        assert book2.records[3].info == sim_result.rounds[3].info
+
+
+def _journal_open(srv: Path, sc: schema.Scenario) -> dict | None:
+    try:
+        return journal.check(srv, sc)["open"]
+    except journal.JournalError:
+        return None
+
+
+@pytest.mark.parametrize("name", sorted(KILLED))
+def test_collector_killed_at_a_stage_boundary_resumes_at_that_stage(tmp_path: Path, name: str) -> None:
+    """`ldpsim serve` is SIGKILLed while its journal is at a stage boundary of round 3 or later (THRESH: the
+    decision went out and the estimate stage is open; ToPL: round 4's threshold went out); `--round-pause` holds
+    such a stage open a while once answered. `ldpsim serve --resume` continues at that stage (the journal names
+    it; the first stage is not run again) and the digests and the shards' ledgers equal an uninterrupted
+    simulated run's."""
+    spec, sets = KILLED[name]
+    sc = schema.load(spec, sets)
+    port, srv, dev = _port(), tmp_path / "srv", tmp_path / "dev"
+    common = ["--stage-timeout", "20", *_sets(sets)]
+    server = _spawn("serve", spec, "--port", port, "--out", srv, "--round-pause", "0.5", *common)
+    shards = [_spawn("devices", spec, "--connect", f"127.0.0.1:{port}", "--shard", f"{i}/2", "--out", dev, *common)
+              for i in (1, 2)]
+    try:
+        _wait(lambda: (o := _journal_open(srv, sc)) is not None and o["round"] >= 3, 90, [server, *shards],
+              "journal at a stage boundary")
+        server.send_signal(signal.SIGKILL)
+        server.wait(timeout=10)
+        state = journal.check(srv, sc)
+        assert state["open"] is not None and state["open"]["stage"] == OPEN_STAGE[name]
+        cut = state["open"]["round"]
+        assert 3 <= cut <= sc.collections and state["last_round"] == cut - 1
+        resumed = _spawn("serve", spec, "--port", port, "--resume", srv, *common)
+        _finish([resumed, *shards])
+    finally:
+        for p in [server, *shards]:
+            if p.poll() is None:
+                p.kill()
+    got = json.loads((srv / "summary.json").read_text())
+    sim_result = runner.run(schema.load(spec, [*sets, "network.loss=0"]))
+    sim = output.summary(sim_result)
+    assert got["digests"]["transcript"] == sim["digests"]["transcript"]
+    assert got["digests"]["estimates"] == sim["digests"]["estimates"]
+    assert _cumulative_digest(_shard_chunks(dev)) == _cumulative_digest(sim_result.ledger.rows())
+    assert not (srv / journal.JOURNAL).exists()
+    downlink = [json.loads(line) for line in (srv / "downlink.jsonl").read_text().splitlines()]
+    of_cut = [d["type"] for d in downlink if d.get("round") == cut]
+    assert of_cut == ["collect", {"topl": "threshold", "thresh": "decision"}[name]], of_cut  # each once
+
+
+def test_snapshot_at_a_stage_boundary_round_trips() -> None:
+    """Right after advance (the decision / threshold made, the next stage open and empty) a collector snapshots;
+    restored into a fresh collector it takes that stage's reports and closes the round as the original does.
+    With a report received in the open stage it refuses."""
+    for name in ("thresh", "topl"):
+        sc = SCENARIOS[name]
+        a = Run(sc)
+        for t in (1, 2, 3):
+            a.round(t)
+        t = 4
+        a.advance(t * a.length)
+        msg = a.collector.request(t, 10.0 * t)
+        for dev in a.devices:
+            ids = dev.device_ids.astype(np.int64)
+            batch, _ = dev.respond(wire.decode(wire.encode(msg)), a.day, a.world.values(ids)[0], 10.0 * t - 5,
+                                   a.world.present(ids))
+            if batch is not None and len(batch):
+                a.collector.receive(batch)
+        msg = a.collector.advance(10.0 * t)
+        assert msg is not None
+        saved = snapshot.decode(snapshot.encode(a.collector.snapshot(), "collector"))
+        assert saved["open_stage"] == OPEN_STAGE[name]
+        b = Run(sc).collector
+        b.restore(saved)
+        assert b.open_message(msg.deadline) == msg
+        same(b.snapshot(), a.collector.snapshot())
+        batches = []
+        for dev in a.devices:
+            ids = dev.device_ids.astype(np.int64)
+            batch, _ = dev.respond(wire.decode(wire.encode(msg)), a.day, a.world.values(ids)[0], 10.0 * t - 5,
+                                   a.world.present(ids))
+            if batch is not None and len(batch):
+                batches.append(batch)
+        for batch in batches:
+            a.collector.receive(batch)
+            b.receive(batch)
+        if batches:
+            with pytest.raises(ValueError, match="stage open"):
+                a.collector.snapshot()
+        assert a.collector.advance(10.0 * t) is None and b.advance(10.0 * t) is None
+        ra, rb = a.collector.close_round(), b.close_round()
+        assert repr((ra.estimate, ra.reports, ra.info)) == repr((rb.estimate, rb.reports, rb.info))
+        assert a.collector.transcript_digest() == b.transcript_digest()
 
 
 
