@@ -14,12 +14,12 @@ import dataclasses
 import functools
 import io
 import json
-import shutil
 import socket
 import struct
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import msgpack
 import numpy as np
@@ -458,18 +458,10 @@ async def test_deep_nesting_is_a_wire_error_and_the_run_is_unaffected() -> None:
 
 # ----------------------------------------------------------------------------------------------- TLS
 @pytest.fixture(scope="module")
-def self_signed(tmp_path_factory):
-    """A self-signed certificate for 127.0.0.1, made with the openssl command line (the `cryptography` package
-    is not a dependency)."""
-    openssl = shutil.which("openssl")
-    if openssl is None:
-        pytest.skip("no openssl command to make a test certificate with")
-    d = tmp_path_factory.mktemp("tls")
-    cert, key = d / "cert.pem", d / "key.pem"
-    subprocess.run([openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-                    "-keyout", str(key), "-out", str(cert), "-days", "2", "-subj", "/CN=127.0.0.1",
-                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True, timeout=60)
-    return str(cert), str(key)
+def self_signed():
+    """A self-signed certificate for 127.0.0.1 shipped with the tests (tests/data/tls: test use only)."""
+    d = Path(__file__).parent / "data" / "tls"
+    return str(d / "cert.pem"), str(d / "key.pem")
 
 
 @pytest.mark.asyncio
