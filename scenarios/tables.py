@@ -123,45 +123,54 @@ def write_transcript(path: Path | str, collector: Any, protocol: str) -> dict:
     schema = transcript_schema(protocol, n_devices, specs, [canonical.bit_columns(st.columns) for _, st in stages])
     names = [name for name, _ in specs]
     scalar = [f.name for f in schema if not pa.types.is_floating(f.type) and f.name != "device"]
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        for index, ((name, st), (_, cols)) in enumerate(zip(stages, specs)):
+            own = {c for c, _, _ in cols}
+            for rnd, record in st.transcript:
+                for lo in range(0, st.n_devices, ROW_GROUP):
+                    hi = min(lo + ROW_GROUP, st.n_devices)
+                    block = st.record_rows(record, lo, hi)
+                    idx = np.flatnonzero(block[:, 0])
+                    if not idx.size:
+                        continue
+                    k, payload, at = idx.size, block[idx, 1:], 0
+                    data: dict[str, pa.Array] = {
+                        "stage": _stage_dictionary(names, index, k),
+                        "round": pa.array(np.full(k, rnd, np.int64)),
+                        "device": pa.array(idx.astype(np.int64) + lo)}
+                    for c, dtype, width in cols:
+                        size = np.dtype(dtype).itemsize * width
+                        vals = np.ascontiguousarray(payload[:, at:at + size]).view(np.dtype(dtype).newbyteorder("<"))
+                        data[c] = _column_array(vals.astype(np.dtype(dtype), copy=False), dtype, width)
+                        at += size
+                    for f in schema:
+                        if f.name not in data and f.name not in own:
+                            data[f.name] = pa.nulls(k, f.type)
+                    yield pa.RecordBatch.from_arrays([data[f.name] for f in schema], schema=schema)
+
+    rows = _write_batches(path, schema, batches(), scalar)
+    return {"rows": rows, "bytes": Path(path).stat().st_size}
+
+
+def _write_batches(path: Path | str, schema: pa.Schema, batches: Iterable[pa.RecordBatch],
+                   dictionary: list[str]) -> int:
+    """Record batches to a Parquet file, written atomically in row groups of about ROW_GROUP rows (bounded
+    memory); ``dictionary``: the columns to dictionary-encode. Returns the row count."""
     rows, pending, pending_rows = 0, [], 0
     with atomic_path(path) as tmp:
-        with pq.ParquetWriter(tmp, schema, compression=COMPRESSION, use_dictionary=scalar,
+        with pq.ParquetWriter(tmp, schema, compression=COMPRESSION, use_dictionary=dictionary,
                               column_encoding={"device": "DELTA_BINARY_PACKED"}) as writer:
-            def flush() -> None:
-                nonlocal pending, pending_rows
-                if pending:
+            for batch in batches:
+                pending.append(batch)
+                pending_rows += batch.num_rows
+                rows += batch.num_rows
+                if pending_rows >= ROW_GROUP:
                     writer.write_table(pa.Table.from_batches(pending, schema), row_group_size=ROW_GROUP)
-                pending, pending_rows = [], 0
-
-            for index, ((name, st), (_, cols)) in enumerate(zip(stages, specs)):
-                own = {c for c, _, _ in cols}
-                for rnd, record in st.transcript:
-                    for lo in range(0, st.n_devices, ROW_GROUP):
-                        hi = min(lo + ROW_GROUP, st.n_devices)
-                        block = st.record_rows(record, lo, hi)
-                        idx = np.flatnonzero(block[:, 0])
-                        if not idx.size:
-                            continue
-                        k, payload, at = idx.size, block[idx, 1:], 0
-                        data: dict[str, pa.Array] = {
-                            "stage": _stage_dictionary(names, index, k),
-                            "round": pa.array(np.full(k, rnd, np.int64)),
-                            "device": pa.array(idx.astype(np.int64) + lo)}
-                        for c, dtype, width in cols:
-                            size = np.dtype(dtype).itemsize * width
-                            vals = np.ascontiguousarray(payload[:, at:at + size]).view(np.dtype(dtype).newbyteorder("<"))
-                            data[c] = _column_array(vals.astype(np.dtype(dtype), copy=False), dtype, width)
-                            at += size
-                        for f in schema:
-                            if f.name not in data and f.name not in own:
-                                data[f.name] = pa.nulls(k, f.type)
-                        pending.append(pa.RecordBatch.from_arrays([data[f.name] for f in schema], schema=schema))
-                        pending_rows += k
-                        rows += k
-                        if pending_rows >= ROW_GROUP:
-                            flush()
-            flush()
-    return {"rows": rows, "bytes": Path(path).stat().st_size}
+                    pending, pending_rows = [], 0
+            if pending:
+                writer.write_table(pa.Table.from_batches(pending, schema), row_group_size=ROW_GROUP)
+    return rows
 
 
 def read_transcript(run_dir: Path | str, columns: list[str] | None = None, filters: Any = None) -> pa.Table:
@@ -237,36 +246,24 @@ LEDGER_SCHEMA = pa.schema([pa.field("device", pa.int64(), nullable=False), pa.fi
 def write_ledger(path: Path | str, chunks: Iterable[dict]) -> int:
     """ledger.parquet from Ledger.rows() chunks (one row per device and charge, in the order charged);
     returns the row count."""
-    rows, pending, pending_rows, reasons = 0, [], 0, []
-    with atomic_path(path) as tmp:
-        with pq.ParquetWriter(tmp, LEDGER_SCHEMA, compression=COMPRESSION,
-                              use_dictionary=["round", "time", "reason", "amount"],
-                              column_encoding={"device": "DELTA_BINARY_PACKED"}) as writer:
-            def flush() -> None:
-                nonlocal pending, pending_rows
-                if pending:
-                    writer.write_table(pa.Table.from_batches(pending, LEDGER_SCHEMA), row_group_size=ROW_GROUP)
-                pending, pending_rows = [], 0
+    reasons: list[str] = []
 
-            for ch in chunks:
-                devices = np.asarray(ch["devices"], dtype=np.int64)
-                k = devices.size
-                if not k:
-                    continue
-                if ch["reason"] not in reasons:
-                    reasons.append(ch["reason"])
-                reason = pa.DictionaryArray.from_arrays(pa.array(np.full(k, reasons.index(ch["reason"]), np.int32)),
-                                                        pa.array(reasons, pa.string()))
-                pending.append(pa.RecordBatch.from_arrays(
-                    [pa.array(devices), pa.array(np.full(k, ch["round"], np.int64)),
-                     pa.array(np.full(k, ch["time"], np.float64)), reason,
-                     pa.array(np.full(k, ch["amount"], np.float64))], schema=LEDGER_SCHEMA))
-                pending_rows += k
-                rows += k
-                if pending_rows >= ROW_GROUP:
-                    flush()
-            flush()
-    return rows
+    def batches() -> Iterator[pa.RecordBatch]:
+        for ch in chunks:
+            devices = np.asarray(ch["devices"], dtype=np.int64)
+            k = devices.size
+            if not k:
+                continue
+            if ch["reason"] not in reasons:
+                reasons.append(ch["reason"])
+            reason = pa.DictionaryArray.from_arrays(pa.array(np.full(k, reasons.index(ch["reason"]), np.int32)),
+                                                    pa.array(reasons, pa.string()))
+            yield pa.RecordBatch.from_arrays(
+                [pa.array(devices), pa.array(np.full(k, ch["round"], np.int64)),
+                 pa.array(np.full(k, ch["time"], np.float64)), reason,
+                 pa.array(np.full(k, ch["amount"], np.float64))], schema=LEDGER_SCHEMA)
+
+    return _write_batches(path, LEDGER_SCHEMA, batches(), ["round", "time", "reason", "amount"])
 
 
 def write_spend(path: Path | str, group_index: np.ndarray, group_names: Sequence[str], spend: np.ndarray,
