@@ -5,6 +5,7 @@ SIGKILL mid-run resume without losing rounds, reusing a threshold version or ans
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import signal
@@ -320,39 +321,69 @@ def test_collector_killed_mid_run_resumes_with_the_uninterrupted_digests(tmp_pat
     `ldpsim serve --resume` takes over on the same port, the shards reconnect by themselves, and the run
     directory's transcript and estimates digests and the shards' ledgers equal an uninterrupted simulated run's
     (ToPL: the second threshold version comes from the resumed collector; THRESH: the carried estimate)."""
-    spec, sets = KILLED[name]
-    sc = schema.load(spec, sets)
-    port, srv, dev = _port(), tmp_path / "srv", tmp_path / "dev"
-    common = ["--stage-timeout", "20", *_sets(sets)]
-    server = _spawn("serve", spec, "--port", port, "--out", srv, "--round-pause", "0.25", *common)
-    shards = [_spawn("devices", spec, "--connect", f"127.0.0.1:{port}", "--shard", f"{i}/2", "--out", dev, *common)
-              for i in (1, 2)]
-    try:
-        _wait(lambda: _journal_round(srv, sc) >= 3, 90, [server, *shards], "journal of round 3")
-        server.send_signal(signal.SIGKILL)
-        server.wait(timeout=10)
-        cut = _journal_round(srv, sc)
-        assert 3 <= cut < sc.collections  # the run was really cut short
-        assert not (srv / "summary.json").exists()
-        resumed = _spawn("serve", spec, "--port", port, "--resume", srv, *common)
-        _finish([resumed, *shards])
-    finally:
-        for p in [server, *shards]:
-            if p.poll() is None:
-                p.kill()
-    got = json.loads((srv / "summary.json").read_text())
-    sim_result = runner.run(schema.load(spec, [*sets, "network.loss=0"]))  # live runs lose nothing
-    sim = output.summary(sim_result)
-    assert got["digests"]["transcript"] == sim["digests"]["transcript"]
-    assert got["digests"]["estimates"] == sim["digests"]["estimates"]
-    assert _cumulative_digest(_shard_chunks(dev)) == _cumulative_digest(sim_result.ledger.rows())
-    assert not (srv / journal.JOURNAL).exists()  # a finished run drops its journal
+    with _killed_serve(tmp_path, name, pause=0.25) as run:
+        _wait(lambda: _journal_round(run.srv, run.sc) >= 3, 90, run.procs, "journal of round 3")
+        cut = run.kill()
+        assert 3 <= cut < run.sc.collections  # the run was really cut short
+        run.resume()
+    sim_result = run.assert_like_uninterrupted()
     if name == "topl":
         assert len(sim_result.collector.protocol.thetas) == 2
     else:
         est = [r.estimate for r in sim_result.rounds]
         assert any(r.info["global_update"] for r in sim_result.rounds[:cut])
         assert est[cut:] == [est[cut - 1]] * (len(est) - cut)  # carried forward across the restart
+
+
+class _KilledServe:
+    """`ldpsim serve` with two `ldpsim devices` shards as subprocesses on 127.0.0.1, for the SIGKILL tests."""
+
+    def __init__(self, tmp_path: Path, name: str, pause: float) -> None:
+        self.spec, self.sets = KILLED[name]
+        self.sc = schema.load(self.spec, self.sets)
+        self.port, self.srv, self.dev = _port(), tmp_path / "srv", tmp_path / "dev"
+        self.common = ["--stage-timeout", "20", *_sets(self.sets)]
+        self.server = _spawn("serve", self.spec, "--port", self.port, "--out", self.srv, "--round-pause", str(pause),
+                             *self.common)
+        self.shards = [_spawn("devices", self.spec, "--connect", f"127.0.0.1:{self.port}", "--shard", f"{i}/2",
+                              "--out", self.dev, *self.common) for i in (1, 2)]
+        self.procs = [self.server, *self.shards]
+
+    def kill(self) -> int:
+        """SIGKILL the collector; returns the last round it had journaled."""
+        self.server.send_signal(signal.SIGKILL)
+        self.server.wait(timeout=10)
+        assert not (self.srv / "summary.json").exists()
+        return _journal_round(self.srv, self.sc)
+
+    def resume(self) -> None:
+        """`ldpsim serve --resume` on the same port; the shards reconnect by themselves; the run finishes."""
+        resumed = _spawn("serve", self.spec, "--port", self.port, "--resume", self.srv, *self.common)
+        self.procs.append(resumed)
+        _finish([resumed, *self.shards])
+
+    def assert_like_uninterrupted(self):
+        """The run directory's transcript and estimates digests and the shards' ledgers equal an uninterrupted
+        simulated run's, and the finished run dropped its journal; returns the simulated result."""
+        got = json.loads((self.srv / "summary.json").read_text())
+        sim_result = runner.run(schema.load(self.spec, [*self.sets, "network.loss=0"]))  # live runs lose nothing
+        sim = output.summary(sim_result)
+        assert got["digests"]["transcript"] == sim["digests"]["transcript"]
+        assert got["digests"]["estimates"] == sim["digests"]["estimates"]
+        assert _cumulative_digest(_shard_chunks(self.dev)) == _cumulative_digest(sim_result.ledger.rows())
+        assert not (self.srv / journal.JOURNAL).exists()  # a finished run drops its journal
+        return sim_result
+
+
+@contextlib.contextmanager
+def _killed_serve(tmp_path: Path, name: str, pause: float):
+    run = _KilledServe(tmp_path, name, pause)
+    try:
+        yield run
+    finally:
+        for p in run.procs:
+            if p.poll() is None:
+                p.kill()
 
 
 def test_device_process_killed_mid_run_never_spends_twice(tmp_path: Path) -> None:
@@ -560,36 +591,17 @@ def test_collector_killed_at_a_stage_boundary_resumes_at_that_stage(tmp_path: Pa
     such a stage open a while once answered. `ldpsim serve --resume` continues at that stage (the journal names
     it; the first stage is not run again) and the digests and the shards' ledgers equal an uninterrupted
     simulated run's."""
-    spec, sets = KILLED[name]
-    sc = schema.load(spec, sets)
-    port, srv, dev = _port(), tmp_path / "srv", tmp_path / "dev"
-    common = ["--stage-timeout", "20", *_sets(sets)]
-    server = _spawn("serve", spec, "--port", port, "--out", srv, "--round-pause", "0.5", *common)
-    shards = [_spawn("devices", spec, "--connect", f"127.0.0.1:{port}", "--shard", f"{i}/2", "--out", dev, *common)
-              for i in (1, 2)]
-    try:
-        _wait(lambda: (o := _journal_open(srv, sc)) is not None and o["round"] >= 3, 90, [server, *shards],
+    with _killed_serve(tmp_path, name, pause=0.5) as run:
+        _wait(lambda: (o := _journal_open(run.srv, run.sc)) is not None and o["round"] >= 3, 90, run.procs,
               "journal at a stage boundary")
-        server.send_signal(signal.SIGKILL)
-        server.wait(timeout=10)
-        state = journal.check(srv, sc)
+        run.kill()
+        state = journal.check(run.srv, run.sc)
         assert state["open"] is not None and state["open"]["stage"] == OPEN_STAGE[name]
         cut = state["open"]["round"]
-        assert 3 <= cut <= sc.collections and state["last_round"] == cut - 1
-        resumed = _spawn("serve", spec, "--port", port, "--resume", srv, *common)
-        _finish([resumed, *shards])
-    finally:
-        for p in [server, *shards]:
-            if p.poll() is None:
-                p.kill()
-    got = json.loads((srv / "summary.json").read_text())
-    sim_result = runner.run(schema.load(spec, [*sets, "network.loss=0"]))
-    sim = output.summary(sim_result)
-    assert got["digests"]["transcript"] == sim["digests"]["transcript"]
-    assert got["digests"]["estimates"] == sim["digests"]["estimates"]
-    assert _cumulative_digest(_shard_chunks(dev)) == _cumulative_digest(sim_result.ledger.rows())
-    assert not (srv / journal.JOURNAL).exists()
-    downlink = [json.loads(line) for line in (srv / "downlink.jsonl").read_text().splitlines()]
+        assert 3 <= cut <= run.sc.collections and state["last_round"] == cut - 1
+        run.resume()
+    run.assert_like_uninterrupted()
+    downlink = [json.loads(line) for line in (run.srv / "downlink.jsonl").read_text().splitlines()]
     of_cut = [d["type"] for d in downlink if d.get("round") == cut]
     assert of_cut == ["collect", {"topl": "threshold", "thresh": "decision"}[name]], of_cut  # each once
 
