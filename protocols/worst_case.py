@@ -38,6 +38,7 @@ Minimum (denominator). By (b) we may give each grid value j a positive part u_j 
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 from dataclasses import dataclass
@@ -122,6 +123,7 @@ def _grid_p(epsilon: float, count: int, grid_size: int) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------------------------- public API
+@functools.lru_cache(maxsize=256)  # a pure function of its numbers; a run's summary and plot both ask
 def memo_bit_worst_case(epsilon: float, gamma: float, rounds: int, grid_size: int | None = None) -> WorstCase:
     """Worst-case loss of a 1BitRRPM device's ``rounds``-round transcript against any other device's input
     sequence (max over outputs and pairs of rounded input sequences; for inputs off the grid the alpha-point
@@ -164,6 +166,7 @@ def memo_bit_worst_case(epsilon: float, gamma: float, rounds: int, grid_size: in
                      f"(grid of {grid_size} values)")
 
 
+@functools.lru_cache(maxsize=256)
 def dbitflippm_worst_case(epsilon: float, gamma: float, rounds: int, bits: int, buckets: int) -> WorstCase:
     """Worst-case loss of a dBitFlipPM device's ``rounds``-round transcript against any other device.
 
