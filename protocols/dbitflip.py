@@ -26,6 +26,7 @@ import numba as nb
 import numpy as np
 
 from protocols import keyed
+from protocols import likelihood as lik
 from protocols.base import ProtocolError, accepts, check_params
 from protocols.collecting import Column, ReportCollector
 from protocols.guard import Guarantee, Guard, Limits
@@ -125,6 +126,41 @@ class DBitFlipParams:
                          f"min(R, memo inputs) x eps = min({horizon}, {inputs}) x {self.epsilon:g}",
                          "within a behavior pattern (Ding et al. 2017, Theorem 4)",
                          (wc.value, wc.exact, wc.method))
+
+    def log_likelihood(self, values: np.ndarray, reports: list[dict[str, np.ndarray]],
+                       present: np.ndarray) -> np.ndarray:
+        """log P[each device's reports | its values were ``values`` (one per round)], the attacker's model
+        (protocols.likelihood). Given the device's sampled buckets J (sent with every report), position p's
+        bit is 1 with e^(eps/2)/(e^(eps/2) + 1) when J_p is the value's bucket, else 1/(e^(eps/2) + 1), then
+        flips with gamma (Ding et al. 2017, dBitFlip and section 3.2). Fresh: independent across rounds.
+        dBitFlipPM: the bits are memoized per memo input s (J's position of the bucket, 0 when absent), so the
+        rounds sharing s share each position's bit (Theorem 3's memoization applied to dBitFlip)."""
+        k, d, gamma = self.buckets, self.bits, self.gamma
+        y = lik.column(reports, "b").astype(np.float64) * present[:, :, None]  # (n, T, d)
+        zeros = (1.0 - y) * present[:, :, None]
+        J = (lik.column(reports, "j")[:, 0, :].astype(np.int64) if d < k
+             else np.broadcast_to(np.arange(k), (y.shape[0], k)))
+        e = math.exp(self.epsilon / 2)
+        pe, qe = e / (e + 1), 1 / (e + 1)
+        buckets = bucket_of(np.asarray(values, dtype=np.float64), k, self.max_value)
+        # memo input of each device and round: 1 + J's position of the bucket, 0 when the bucket is not in J
+        s = np.zeros((y.shape[0], buckets.size), dtype=np.int64)
+        for p in range(d):
+            s[J[:, p][:, None] == buckets[None, :]] = p + 1
+        prob = np.where(np.arange(d)[None, None, :] == s[:, :, None] - 1, pe, qe)  # (n, T, d)
+        if not self.memoized:
+            return lik.bernoulli_loglik(y, zeros, lik.sent_one_probability(prob, gamma)).sum(axis=(1, 2))
+        total = np.zeros(y.shape[0])
+        done = np.zeros(s.shape, dtype=bool)
+        firsts = np.unique(buckets, return_index=True)[1]  # a round's s repeats that of its bucket's first round
+        for r in np.sort(firsts):  # one memo group per distinct s of a device, taken at its first round
+            first = ~done[:, r]
+            group = (s == s[:, [r]]) & first[:, None]
+            done |= group
+            ll = lik.memo_bit_loglik((y * group[:, :, None]).sum(axis=1), (zeros * group[:, :, None]).sum(axis=1),
+                                     prob[:, r, :], gamma).sum(axis=1)
+            total += np.where(first, ll, 0.0)
+        return total
 
     @property
     def bucket_dtype(self) -> np.dtype:

@@ -18,6 +18,7 @@ import numba as nb
 import numpy as np
 
 from protocols import keyed
+from protocols import likelihood as lik
 from protocols.base import accepts, check_params
 from protocols.collecting import Column, ReportCollector
 from protocols.guard import Guarantee, Guard, Limits
@@ -139,6 +140,34 @@ class OneBitParams:
                          f"min(R, |G|) x eps = min({horizon}, {self.grid_size}) x {self.epsilon:g}",
                          "within a behavior pattern (Ding et al. 2017, Theorem 4)",
                          (wc.value, wc.exact, wc.method))
+
+    def log_likelihood(self, values: np.ndarray, reports: list[dict[str, np.ndarray]],
+                       present: np.ndarray) -> np.ndarray:
+        """log P[each device's bits | its values were ``values`` (one per round)], the attacker's model
+        (protocols.likelihood). 1BitMean: independent bits, P[1] = g + (1 - 2g) p(x) (eq. 1, section 3.2).
+        1BitRRPM: the unknown alpha ~ U[0, s) is integrated out exactly: alpha's segments between the rounding
+        cut points fix every round's grid value, and within a segment each grid value's memoized bit
+        (Bernoulli(p(grid)), Theorem 3) explains all the rounds that use it."""
+        x = np.clip(np.asarray(values, dtype=np.float64), 0.0, self.max_value)
+        y = lik.column(reports, "bit")[:, :, 0].astype(np.float64) * present
+        zeros = (1.0 - y) * present
+        if not self.memoized:
+            q = lik.sent_one_probability(p_one(x, self.epsilon, self.max_value), self.gamma)
+            return (lik.bernoulli_loglik(y, zeros, q)).sum(axis=1)
+        s, top = float(self.granularity), self.grid_size - 1
+        low = np.floor(x / s)
+        cuts = (low + 1.0) * s - x  # alpha >= cut rounds x up
+        edges = np.unique(np.concatenate(([0.0, s], cuts[(cuts > 0) & (cuts < s)])))
+        total = np.full(y.shape[0], -np.inf)
+        for a, b in zip(edges[:-1], edges[1:]):
+            grid = np.clip(low + (0.5 * (a + b) >= cuts), 0, top)
+            seg = np.full(y.shape[0], np.log((b - a) / s))
+            for g in np.unique(grid):
+                used = grid == g
+                seg += lik.memo_bit_loglik(y[:, used].sum(axis=1), zeros[:, used].sum(axis=1),
+                                           p_one(g * s, self.epsilon, self.max_value), self.gamma)
+            total = np.logaddexp(total, seg)
+        return total
 
     # the protocol descriptor used by the runtimes (protocols.base.ProtocolParams)
     kind = "mean"

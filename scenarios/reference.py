@@ -325,19 +325,23 @@ class KFlipReference(ReferenceDevice):
 
 
 class LaplaceReference(ReferenceDevice):
-    """The value plus Laplace(m/eps) noise, by inversion: u uniform on [-1/2, 1/2),
-    noise = -sign(u) (m/eps) ln(1 - 2|u|) (the one u = -1/2 where ln(0) would be needed gives 40 scales)."""
+    """Grid Laplace: x/step (step = m/1024) rounded up with probability its fractional part (uniform 0 of
+    the round's noise stream), plus G1 - G2 with G = floor(ln(1 - u)/ln(alpha)), alpha = e^(-eps/1024)
+    (uniforms 1 and 2), clamped to [-c, 1024 + c] steps, c = ceil(12 x 1024/eps); the report is n x step."""
 
     def on_message(self, msg, day, value, present=True, now=0.0):
         p = self.params
         if not self.admit(msg, day) or not present:
             return None, []
         r = msg.round
-        x = clip(float(value), 0.0, p.max_value)
-        u = uniform1(key(self.seed, Purpose.NOISE, r), self.id) - 0.5
-        magnitude = -math.log(1 - 2 * abs(u)) if abs(u) < 0.5 else 40.0
-        scale = p.max_value / p.epsilon
-        y = x + scale * magnitude if u >= 0 else x - scale * magnitude
+        step, log_alpha = p.max_value / 1024, -p.epsilon / 1024
+        clamp = math.ceil(12.0 * 1024 / p.epsilon)
+        stream = key(self.seed, Purpose.NOISE, r)
+        f = clip(float(value), 0.0, p.max_value) / step
+        k = math.floor(f) + (1 if uniform2(stream, self.id, 0) < f - math.floor(f) else 0)
+        g1 = math.floor(math.log(1.0 - uniform2(stream, self.id, 1)) / log_alpha)
+        g2 = math.floor(math.log(1.0 - uniform2(stream, self.id, 2)) / log_alpha)
+        y = min(max(k + g1 - g2, -clamp), 1024 + clamp) * step
         if not self.affordable(p.epsilon):
             return None, []
         return Report("report", r, {"y": y}), [self.charge(r, FRESH_REPORT, p.epsilon)]
