@@ -216,9 +216,7 @@ class World:
         while self._applied < len(self.changes) and self.changes[self._applied].round <= day:
             ch = self.changes[self._applied]
             self._applied += 1
-            ids = self.group_ids(ch.group)
-            if ch.fraction < 1.0:
-                ids = ids[keyed.uniform(stream_key(self.seed, Purpose.AFFECTED, self._applied), ids) < ch.fraction]
+            ids = self.affected(self._applied)
             if ch.counter is not None:
                 self.binary[ids] = ch.counter.kind == "bernoulli"
                 self._set_source(ids, ch.counter)
@@ -230,6 +228,15 @@ class World:
         if applied:
             self._cache_day = -1
         return applied
+
+    def affected(self, number: int) -> np.ndarray:
+        """Ids of the devices that the ``number``-th scripted change (1-based, in round order) hits: its group's
+        devices, or the keyed ``fraction`` of them. A pure function of the seed, so it can be asked after a run."""
+        ch = self.changes[number - 1]
+        ids = self.group_ids(ch.group)
+        if ch.fraction < 1.0:
+            ids = ids[keyed.uniform(stream_key(self.seed, Purpose.AFFECTED, number), ids) < ch.fraction]
+        return ids
 
     def present(self, ids: np.ndarray) -> np.ndarray | None:
         """Which of ``ids`` are present on the current day (None: everyone, no churn in this world)."""

@@ -63,7 +63,7 @@ class JournalError(ScenarioError):
 
 def scenario_sha256(sc: Scenario) -> str:
     """sha256 of the scenario.json text a run directory holds (output.write_run_dir writes the same text)."""
-    return hashlib.sha256((json.dumps(sc.raw, indent=2) + "\n").encode()).hexdigest()
+    return hashlib.sha256((json.dumps(sc.as_run, indent=2) + "\n").encode()).hexdigest()
 
 
 def _write(path: Path, data: bytes) -> None:

@@ -146,7 +146,7 @@ def live_result(sc: Scenario, server: LiveCollector, book: RoundBook, ledger: Le
     network.traffic.messages_delivered = network.traffic.messages_sent
     return RunResult(sc, book.records, ledger, book.world, server, network, server.protocol.transcript_digest(),
                      wall, 0, extra={"dropped_connections": server.dropped, "runtime": "live",
-                                     "live": server.live_summary()})
+                                     "live": server.live_summary()}, true_values=book.true_values)
 
 
 def run_live(sc: Scenario, connections: int = 2, events: TextIO | None = None,

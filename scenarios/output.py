@@ -13,7 +13,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from scenarios import plots
+from scenarios import attacks, plots
 from scenarios.metrics import error_summary, range_mse, range_queries, round_metrics
 from scenarios.runner import RunResult, bucket_width
 from scenarios import tables
@@ -397,9 +397,16 @@ def write_run_dir(result: RunResult, out: Path, ledger_rows: bool = True, transc
             draw_spend(result, tmp)
     else:
         (out / "spend.png").unlink(missing_ok=True)
-    _write_text(out / "scenario.json", json.dumps(sc.raw, indent=2) + "\n")
+    _write_text(out / "scenario.json", json.dumps(sc.as_run, indent=2) + "\n")
     write_downlink(result, out)
+    report = attacks.analyze(result)  # [analysis] attacks: attacks.csv, attacks.png, summary.json "attacks"
+    if report.rows:
+        files.update(attacks.write(report, out))
+    else:
+        why = report.summary.get("averaging", {}).get("why") or report.summary["why"]
+        files.update({name: _skipped(out, name, why) for name in (attacks.CSV, attacks.PNG)})
     s = summary(result)
+    s["attacks"] = report.summary
     s["files"] = files
     _write_text(out / "summary.json", json.dumps(s, indent=2) + "\n")
     return s

@@ -24,6 +24,7 @@ from collector.hostile import Hostility
 from collector.network import Network
 from collector.process import CollectorProcess
 from protocols.ledger import Ledger
+from scenarios import attacks
 from scenarios.metrics import round_metrics
 from scenarios.schema import Scenario
 
@@ -53,6 +54,9 @@ class RunResult:
     device_rejected: int
     guards: dict[str, int] = field(default_factory=dict)  # device-side counters: refusals, ignored
     extra: dict[str, Any] = field(default_factory=dict)
+    #: [analysis] attacks: every device's true value in collection round t at column t - 1 ((devices, rounds)
+    #: float64, NaN where a device was not in the population); None when the attacks are off or not applicable
+    true_values: np.ndarray | None = None
 
 
 def _event_logger(stream: TextIO | None, env: simpy.Environment) -> Any:
@@ -154,7 +158,8 @@ def run(scenario: Scenario, events: TextIO | None = None,
     wall = time.perf_counter() - t0
     log.info("run_finished", wall_seconds=wall, messages_rejected=collector.stats.rejected)
     return RunResult(sc, book.records, ledger, world, collector, network, protocol.transcript_digest(), wall,
-                     sum(c.rejected for c in cohorts), guard_counts([c.device for c in cohorts]))
+                     sum(c.rejected for c in cohorts), guard_counts([c.device for c in cohorts]),
+                     true_values=book.true_values)
 
 
 class RoundBook:
@@ -170,6 +175,9 @@ class RoundBook:
         self.records: list[RoundRecord] = []
         self._levels: list[float] = []
         self._oracle: float | None = None
+        # [analysis] attacks: a copy of every device's true value per collection round (scenarios/attacks.py)
+        keep = sc.attacks and attacks.not_applicable(sc.protocol) is None
+        self.true_values = np.full((sc.devices, sc.collections), np.nan) if keep else None
 
     def advance_day(self, day: int) -> None:
         for change in self.world.advance_to(day):
@@ -191,6 +199,9 @@ class RoundBook:
         if self._oracle is not None:
             result.info["oracle_theta"] = self._oracle
         values, clipped = self.world.values(self.all_ids)
+        if self.true_values is not None and 1 <= t <= self.true_values.shape[1]:
+            present = self.world.present(self.all_ids)
+            self.true_values[:, t - 1] = values if present is None else np.where(present, values, np.nan)
         if kind == "epoch":
             truth = float(np.mean(self._levels))
             self._levels.clear()

@@ -47,6 +47,12 @@ class Simulation:
     round_seconds: float = 86_400.0
 
 
+#: [analysis] attacks: on by default when devices x rounds is at most this (e.g. 100,000 devices x 100 rounds,
+#: or 200,000 x 50); off above it, where an explicit ``attacks = true`` still turns them on. The attacks keep
+#: every device's true value per round (8 bytes a device-round) and decode the transcript (scenarios/attacks.py).
+ATTACKS_AUTO_LIMIT = 10_000_000
+
+
 @dataclass(frozen=True)
 class Scenario:
     name: str
@@ -63,11 +69,19 @@ class Scenario:
     warnings: list[str] = field(default_factory=list)  # valid but probably not what was meant
     budget: float | None = None  # [privacy] budget: total epsilon per device, enforced by the devices
     behavior: str = "honest"  # [collector] behavior
+    attacks: bool = False  # [analysis] attacks: attack metrics in the run directory (scenarios/attacks.py)
+    attacks_why: str = ""  # why they are on or off (explicit, or the size rule)
 
     @property
     def collections(self) -> int:
         """Collection rounds of the run: rounds, or epochs for protocols that collect once per epoch."""
         return self.rounds // int(getattr(self.protocol, "epoch_length", 1))
+
+    @property
+    def as_run(self) -> dict[str, Any]:
+        """The scenario as run, for scenario.json: the validated input with ``[analysis] attacks`` resolved (the
+        size rule's answer when the input left it out), so the file runs again exactly as this run did."""
+        return {**self.raw, "analysis": {**self.raw.get("analysis", {}), "attacks": self.attacks}}
 
     @property
     def limits(self) -> Limits:
@@ -390,10 +404,20 @@ def parse(data: dict[str, Any]) -> Scenario:
     if net.deadline >= sim.round_seconds:
         raise ScenarioError(f"network.deadline: {net.deadline:g} s must be shorter than "
                             f"simulation.round_seconds ({sim.round_seconds:g} s)")
+    at = top.table("analysis", default=None)
+    attacks = at.get("attacks", bool, None)
+    at.done()
+    size = devices * rounds
+    if attacks is None:
+        attacks = size <= ATTACKS_AUTO_LIMIT
+        attacks_why = (f"default: devices x rounds = {size:,} {'<=' if attacks else '>'} {ATTACKS_AUTO_LIMIT:,}"
+                       + ("" if attacks else " (set analysis.attacks = true to compute them)"))
+    else:
+        attacks_why = f"analysis.attacks = {str(attacks).lower()}"
     top.done()
     warnings += [f"protocol: {w}" for w in getattr(protocol, "warnings", [])]
     return Scenario(name, seed, rounds, devices, groups, changes, protocol, net, sim, description, data, warnings,
-                    budget, behavior)
+                    budget, behavior, attacks, attacks_why)
 
 
 def _parse_value(text: str) -> Any:

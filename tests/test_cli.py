@@ -74,7 +74,7 @@ def test_summary_keys(quickstart_run):
 def test_scenario_json_is_the_validated_input(quickstart_run):
     _, out = quickstart_run
     written = json.loads((out / "scenario.json").read_text(encoding="utf-8"))
-    assert written == schema.load("quickstart").raw
+    assert written == schema.load("quickstart").as_run  # the input, with [analysis] attacks resolved
     assert schema.parse(written).name == "quickstart"  # and it can be run again
 
 
