@@ -24,6 +24,7 @@ from protocols.guard import Guarantee, Guard, Limits
 from protocols.keyed import Purpose, stream_key
 from protocols.ledger import FRESH_REPORT, Charge
 from protocols.messages import CollectionRequest, ReportBatch
+from protocols.round_mechanism import DiscretePair, LaplacePair, RoundMechanism
 from protocols.snapshot import GuardedSnapshot
 from protocols.wire import Bits
 from protocols.wire import bits as wire_bits
@@ -111,6 +112,21 @@ class KFlipParams:
 
     def guarantee(self, horizon: int) -> Guarantee:
         return Guarantee(horizon * self.epsilon, f"R x eps = {horizon} x {self.epsilon:g}")
+
+    def round_mechanism(self, round_: int = 1) -> RoundMechanism:
+        """One round for a PLD accountant (protocols/round_mechanism.py): k-ary randomized response (Kairouz et
+        al.) sends the true bucket with p = e^eps/(e^eps + k - 1) and each other bucket with q = 1/(e^eps + k - 1).
+        For buckets b != b' the outputs fall in three classes: b (p under x, q under x'), b' (q, p) and the
+        k - 2 others ((k - 2) q under both). Every pair of distinct buckets gives this same pair (attained);
+        inputs in the same bucket give identical laws. Pure eps: ln(p/q) = eps."""
+        p, q = kflip_pq(self.epsilon, self.buckets)
+        outs, pp, qq = ["b", "b'"], [p, q], [q, p]
+        if self.buckets > 2:
+            outs.append("another bucket")
+            pp.append((self.buckets - 2) * q)
+            qq.append((self.buckets - 2) * q)
+        return DiscretePair(tuple(outs), tuple(pp), tuple(qq), "x in bucket b against x' in bucket b' != b",
+                            "k-ary randomized response (Kairouz et al.): p/q = e^eps")
 
     def log_likelihood(self, values: np.ndarray, reports: list[dict[str, np.ndarray]],
                        present: np.ndarray) -> np.ndarray:
@@ -223,6 +239,21 @@ class LaplaceParams:
 
     def guarantee(self, horizon: int) -> Guarantee:
         return Guarantee(horizon * self.epsilon, f"R x eps = {horizon} x {self.epsilon:g}")
+
+    def round_mechanism(self, round_: int = 1) -> RoundMechanism:
+        """One round for a PLD accountant (protocols/round_mechanism.py): the grid Laplace report
+        n = k + Z (in steps of m/1024), Z two-sided geometric with P[Z = z] proportional to e^(-(eps/1024)|z|),
+        k the randomized rounding of x/step, then the clamp (see the class docstring).
+        The pair k = 0 (x = 0) against k = 1024 (x' = m) without the clamp is a discrete Laplace mechanism with
+        parameter eps/1024 and sensitivity 1024, pure eps = 1024 eps/1024 = eps. It dominates every input pair:
+        the rounding makes each input a mixture over k in [0, 1024], every pair of mixture components is a shift
+        of at most 1024 steps (a post-processing of the largest shift), and the hockey-stick divergence is
+        jointly convex; the clamp is a post-processing too. Not attained exactly, only because of the clamp,
+        which merges tails 12 scales out."""
+        step, _, _ = laplace_grid(self.epsilon, self.max_value)
+        return LaplacePair(self.scale, self.max_value, "x = 0 against x' = max_value, without the clamp",
+                           "discrete Laplace on the grid m/1024 (LaplaceParams; docs/algorithms.md section 1.4)",
+                           attained=False, step=step)
 
     def log_likelihood(self, values: np.ndarray, reports: list[dict[str, np.ndarray]],
                        present: np.ndarray) -> np.ndarray:

@@ -34,6 +34,7 @@ from protocols.keyed import Purpose, stream_key
 from protocols.ledger import Charge
 from protocols.memo import RevealSet, admit_reports, report_charges
 from protocols.messages import CollectionRequest, ReportBatch
+from protocols.round_mechanism import NoRoundMechanism, RoundMechanism, product, randomized_response
 from protocols.snapshot import GuardedSnapshot
 from protocols.onebit import epsilon_prime
 from protocols.wire import bits as wire_bits
@@ -126,6 +127,34 @@ class DBitFlipParams:
                          f"min(R, memo inputs) x eps = min({horizon}, {inputs}) x {self.epsilon:g}",
                          "within a behavior pattern (Ding et al. 2017, Theorem 4)",
                          (wc.value, wc.exact, wc.method))
+
+    def round_mechanism(self, round_: int = 1) -> RoundMechanism | NoRoundMechanism:
+        """One round for a PLD accountant (protocols/round_mechanism.py), given the device's J.
+
+        J (d of the k buckets, drawn once per device) travels with every report and stays fixed for the
+        device's life, so it is *not* fresh: averaging the round's law over J and composing that T times would
+        treat J as redrawn every round and understate the loss. The accountant therefore conditions on the
+        worst J, the one that holds both buckets b = bucket(x) and b' = bucket(x') (the ledger's
+        round_epsilon does the same). Given J, each position's bit is 1 with E/(E + 1) for the device's own
+        bucket and 1/(E + 1) otherwise, E = e^(eps/2) (Ding et al. 2017, dBitFlip), then flips with gamma
+        (section 3.2): q_hi = gamma + (1 - 2 gamma) E/(E + 1), q_lo = 1 - q_hi, a ratio of e^eps'(eps/2, gamma)
+        (Theorem 6 per bit). Only the bits at b and b' differ in law; the other d - 2 are identically
+        distributed and are left out (their loss is 0).
+        - d >= 2: the pair is the two bits (at b, at b'): Bern(q_hi) x Bern(q_lo) under x, Bern(q_lo) x
+          Bern(q_hi) under x'. Attained; every other pair of inputs changes one of these bits or none (a
+          post-processing), so it dominates. Pure eps: 2 eps'(eps/2, gamma) = round_epsilon.
+        - d = 1: J = {j}; only one bit exists, Bern(q_hi) (x in j) against Bern(q_lo) (x' not): eps/2.
+        dBitFlipPM: memoized reports are not fresh mechanisms."""
+        if self.memoized:
+            return NoRoundMechanism("memoized: a device resends the same memoized report whenever its memo input "
+                                    "repeats, so rounds are not fresh mechanisms to compose (see worst_case_loss)")
+        per_bit = epsilon_prime(self.epsilon / 2, self.gamma) if self.gamma > 0 else self.epsilon / 2
+        source = "Ding et al. 2017, dBitFlip" + ("; Theorem 6 per bit (eps'(eps/2, gamma))" if self.gamma > 0 else "")
+        if self.bits == 1:
+            return randomized_response(per_bit, "x in the device's sampled bucket j against x' outside it", source)
+        one = randomized_response(per_bit, "bit at bucket(x)", source)
+        return product(one, one.swapped(), "the bits at b = bucket(x) and b' = bucket(x'), J holding both, "
+                                            "under x and under x'", source)
 
     def log_likelihood(self, values: np.ndarray, reports: list[dict[str, np.ndarray]],
                        present: np.ndarray) -> np.ndarray:

@@ -23,6 +23,7 @@ from protocols.keyed import Purpose, stream_key
 from protocols.ledger import FRESH_REPORT, Charge
 from protocols.messages import CollectionRequest, ReportBatch
 from protocols.onebit import estimate_mean, mean_variance, p_one
+from protocols.round_mechanism import RoundMechanism, randomized_response
 from protocols.wire import bits as wire_bits
 
 EPOCHRR = "epochrr"
@@ -55,6 +56,12 @@ class EpochRRParams:
 
     def guarantee(self, horizon: int) -> Guarantee:
         return Guarantee(horizon * self.epoch_epsilon, f"T x eps/T = {horizon} x {self.epoch_epsilon:.6g}")
+
+    def round_mechanism(self, round_: int = 1) -> RoundMechanism:
+        """One epoch for a PLD accountant (protocols/round_mechanism.py): a fresh 1BitMean bit (Ding et al.
+        2017, eq. 1, m = 1) of the epoch mean at eps/T, so the pair epoch mean 1 against 0 is binary randomized
+        response at eps/T; it is attained and dominates every other pair of epoch means."""
+        return randomized_response(self.epoch_epsilon, "epoch mean 1 against 0", "Ding et al. 2017, eq. 1 at eps/T")
 
     def make_devices(self, seed: int, device_ids: np.ndarray, limits: Limits | None = None) -> "EpochRRDevices":
         return EpochRRDevices(self, seed, device_ids, limits)

@@ -23,6 +23,7 @@ brute force over a grid of feasible inputs that contains the extreme points.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -36,6 +37,7 @@ from protocols.collecting import Column, ReportCollector
 from protocols.guard import Guarantee, Limits
 from protocols.keyed import Purpose, stream_key
 from protocols.onebit import estimate_mean, mean_variance
+from protocols.round_mechanism import DiscretePair, RoundMechanism, lower_envelope, randomized_response, rr_power
 from protocols.wire import bits as wire_bits
 
 MULTI = "1bitmulti"
@@ -47,6 +49,24 @@ def joint_epsilon(epsilon: float, counters: int) -> float:
     if counters <= 1:
         return epsilon
     return epsilon + (counters - 1) * math.log1p(math.expm1(epsilon) / (counters - 1))
+
+
+@functools.lru_cache(maxsize=64)
+def joint_report_pair(epsilon: float, counters: int) -> DiscretePair:
+    """The dominating pair of one joint report (:meth:`MultiParams.round_mechanism`); cached, since a run asks
+    for it once per round."""
+    eps, c = epsilon, counters
+    source = "Ding et al. 2017, Theorem 7 and eq. 1"
+    if c == 1:
+        return randomized_response(eps, "x = m against x' = 0", source)
+    bits = rr_power(eps, c, f"{c} independent bits, each x_j = m against x'_j = 0 (a bound)", source,
+                    attained=(c == 2))
+    if c == 2:
+        return DiscretePair(bits.outputs, bits.p, bits.q, "x = (m, 0) against x' = (0, m)", source)
+    joint = randomized_response(joint_epsilon(eps, c), "eps_joint(c)-DP (a bound)", source, attained=False)
+    return lower_envelope(joint, bits, f"dominates every pair of feasible inputs (c = {c}); attained by none",
+                          f"{source}: the tightest pair below randomized response at eps_joint(c) and "
+                          f"{c} randomized-response bits at eps")
 
 
 @nb.njit(cache=True)
@@ -78,6 +98,23 @@ class MultiParams:
         """R reports, each at the exact joint loss of its c bits (Theorem 7)."""
         return Guarantee(horizon * self.round_epsilon,
                          f"R x eps_joint(c) = {horizon} x {self.round_epsilon:.6g} (c = {self.counters})")
+
+    def round_mechanism(self, round_: int = 1) -> RoundMechanism:
+        """One round for a PLD accountant (protocols/round_mechanism.py): the joint report of c fresh 1BitMean
+        bits (Ding et al. 2017, Theorem 7; eq. 1 per bit) under sum_j x_j <= m.
+
+        No single pair of inputs dominates the joint report for c >= 3: brute force over the feasible inputs
+        shows that the pair attaining the pure eps_joint(c) (the budget split evenly over c - 1 counters
+        against all of it on the last, module docstring) is the worst only near alpha = e^eps_joint(c), while
+        two vertices e_i against e_j (two bits at eps each) are worse for middle alphas. So the round is
+        described by the tightest pair implied by two valid bounds (:func:`lower_envelope`):
+        - the report is eps_joint(c)-DP, so binary randomized response at eps_joint(c) dominates it (Kairouz,
+          Oh, Viswanath 2015);
+        - the c bits are independent given x and each is eps-DP whatever the other counters hold, so c
+          randomized-response bits at eps dominate it (their product; dominating pairs compose).
+        The envelope's pure eps is min(eps_joint(c), c eps) = eps_joint(c) = round_epsilon. For c = 2 the
+        second pair is attained, by x = (m, 0) against x' = (0, m); for c = 1 the report is one 1BitMean bit."""
+        return joint_report_pair(self.epsilon, self.counters)
 
     def make_devices(self, seed: int, device_ids: np.ndarray, limits: Limits | None = None) -> "MultiDevices":
         return MultiDevices(self, seed, device_ids, limits)

@@ -26,6 +26,7 @@ from protocols.keyed import Purpose, stream_key
 from protocols.ledger import Charge
 from protocols.memo import RevealSet, admit_reports, report_charges
 from protocols.messages import CollectionRequest, ReportBatch
+from protocols.round_mechanism import NoRoundMechanism, RoundMechanism, randomized_response
 from protocols.snapshot import GuardedSnapshot
 from protocols.wire import bits as wire_bits
 
@@ -140,6 +141,20 @@ class OneBitParams:
                          f"min(R, |G|) x eps = min({horizon}, {self.grid_size}) x {self.epsilon:g}",
                          "within a behavior pattern (Ding et al. 2017, Theorem 4)",
                          (wc.value, wc.exact, wc.method))
+
+    def round_mechanism(self, round_: int = 1) -> RoundMechanism | NoRoundMechanism:
+        """One round for a PLD accountant (protocols/round_mechanism.py). 1BitMean: the sent bit is 1 with
+        q(x) = gamma + (1 - 2 gamma) p(x), p(x) = 1/(e^eps + 1) + (x/m)(e^eps - 1)/(e^eps + 1) (Ding et al. 2017,
+        eq. 1; output perturbation, section 3.2). The pair x = m against x' = 0 gives q(m) = gamma + (1 - 2 gamma)
+        e^eps/(e^eps + 1) and q(0) = 1 - q(m), whose ratio is e^eps' (Theorem 6; e^eps for gamma = 0): binary
+        randomized response at round_epsilon. Every other pair has q(x), q(x') inside [q(0), q(m)], a
+        post-processing of it, so this pair dominates and is attained. 1BitRRPM: the bits are memoized, so
+        rounds are not independent mechanisms."""
+        if self.memoized:
+            return NoRoundMechanism("memoized: a device resends the same memoized bit whenever its rounded value "
+                                    "repeats, so rounds are not fresh mechanisms to compose (see worst_case_loss)")
+        return randomized_response(self.round_epsilon, "x = max_value against x' = 0",
+                                   "Ding et al. 2017, eq. 1; with gamma > 0, Theorem 6 (eps')")
 
     def log_likelihood(self, values: np.ndarray, reports: list[dict[str, np.ndarray]],
                        present: np.ndarray) -> np.ndarray:

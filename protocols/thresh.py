@@ -49,6 +49,7 @@ from protocols.guard import Guarantee, Guard, Limits
 from protocols.keyed import Purpose, stream_key
 from protocols.ledger import Charge
 from protocols.messages import CollectionRequest, Decision, ReportBatch
+from protocols.round_mechanism import NoRoundMechanism
 from protocols.wire import bits as wire_bits
 
 THRESH = "thresh"
@@ -225,6 +226,16 @@ class ThreshParams:
     @property
     def round_epsilon(self) -> float:
         return max(self.vote_noise, self.estimate_noise)
+
+    def round_mechanism(self, round_: int = 1) -> NoRoundMechanism:
+        """THRESH's messages are fresh, but whether an epoch's vote or estimate depends on the data at all is
+        decided by the caps, the reference and the collector's decisions, and the transcript is accounted as a
+        whole (at most K_V differing votes per side and K_E truthful estimates: total_epsilon). A PLD over
+        those capped messages would need composition with adaptively chosen, capped mechanisms (a privacy
+        filter), not a fixed per-epoch mechanism composed T times; not done here."""
+        return NoRoundMechanism("whole-transcript accounting: which epochs carry data depends on the caps and the "
+                                "collector's decisions, so there is no fixed per-epoch mechanism to compose "
+                                "(the exact bound is privacy.guarantee)")
 
     def problems(self) -> list[str]:
         """Why the derived parameters cannot work as the paper intends (empty: feasible)."""

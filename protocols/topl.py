@@ -19,6 +19,7 @@ per time step, r = 1). Candidates are the EM domain's bin edges. Each report is 
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -32,6 +33,7 @@ from protocols.guard import Guarantee, Guard, Limits
 from protocols.keyed import Purpose, stream_key
 from protocols.ledger import Charge
 from protocols.messages import CollectionRequest, ReportBatch, Threshold
+from protocols.round_mechanism import DiscretePair, RoundMechanism, upper_envelope
 
 TOPL = "topl"
 EVENT_REPORT = "event_report"
@@ -59,6 +61,53 @@ def choose_threshold(density: np.ndarray, max_value: float, eps: float, rounds: 
     edges = np.arange(1, d + 1) * (max_value / d)
     centers = (np.arange(d) + 0.5) * (max_value / d)
     return float(edges[int(np.argmin(range_mse(edges, density, centers, eps, rounds, reports)))])
+
+
+@functools.lru_cache(maxsize=64)
+def threshold_round_pair(eps: float, threshold_eps: float) -> DiscretePair:
+    """One pair that dominates both HM at ``eps`` and SW at ``threshold_eps`` (a threshold round's device sends
+    one or the other; :func:`upper_envelope`); cached, since a run asks for it every threshold round."""
+    return upper_envelope(hm_pair(eps), sw_pair(threshold_eps),
+                          "either SW at threshold_epsilon (holdout) or HM at eps: dominates both",
+                          "Wang et al. CCS 2021 section 6; N. Wang et al. ICDE 2019 (HM); Li et al. SIGMOD 2020 (SW)")
+
+
+@functools.lru_cache(maxsize=64)
+def hm_pair(eps: float) -> DiscretePair:
+    """The Hybrid Mechanism's round for a PLD accountant: t = 1 against t = -1 (N. Wang et al. ICDE 2019;
+    docs/algorithms.md sections 1.5-1.7). With probability alpha (:func:`numeric.hm_alpha`) HM runs PM, else SR,
+    and the output shows which (SR's two atoms against PM's density). PM's high-density windows are
+    [l(t), r(t)] = [1, C] for t = 1 and [-C, -1] for t = -1 (C = (E + 1)/(E - 1), E = e^(eps/2)), disjoint; the
+    window holds E/(E + 1), and outside it the density is p/e^eps, p = (e^eps - E)/(2E + 2). So PM's outputs
+    fall in three classes: [1, C] (E/(E + 1) against (C - 1) p/e^eps, loss eps), (-1, 1) (2 p/e^eps under both)
+    and [-C, -1] (the mirror). SR sends +C_SR with e^eps/(e^eps + 1) for t = 1 and 1/(e^eps + 1) for t = -1.
+    Any other pair (t, t') has PM windows overlapping in part, which only moves mass from loss +-eps to loss
+    0 (a post-processing), and SR probabilities in between: this pair dominates every pair and is attained."""
+    a = numeric.hm_alpha(eps)
+    e2 = math.exp(eps / 2.0)
+    c, p = numeric.pm_c(eps), numeric.pm_p(eps)
+    win, mid, far = e2 / (e2 + 1.0), 2.0 * p * math.exp(-eps), (c - 1.0) * p * math.exp(-eps)
+    hi = 1.0 / (1.0 + math.exp(-eps))
+    return DiscretePair(("PM in [1, C]", "PM in (-1, 1)", "PM in [-C, -1]", "SR +C", "SR -C"),
+                        (a * win, a * mid, a * far, (1 - a) * hi, (1 - a) * (1 - hi)),
+                        (a * far, a * mid, a * win, (1 - a) * (1 - hi), (1 - a) * hi),
+                        "t = 1 against t = -1", "N. Wang et al. ICDE 2019: PM, SR and HM")
+
+
+@functools.lru_cache(maxsize=64)
+def sw_pair(eps: float) -> DiscretePair:
+    """Square Wave's round for a PLD accountant: v = 0 against v = 1 (Li et al. SIGMOD 2020; docs/algorithms.md
+    section 1.8). The output density is p within b of v and q elsewhere on [-b, 1 + b] (p/q = e^eps). The
+    window of v = 1 minus the window of v = 0 has length L = min(2b, 1): there the law is p under v = 1 and q
+    under v = 0; the mirror set the reverse; elsewhere the densities agree. For any pair (v, v') the
+    differing sets have length min(2b, |v - v'|) <= L, a post-processing of this pair, so it dominates every
+    pair and is attained."""
+    b = numeric.sw_b(eps)
+    p, q = numeric.sw_pq(eps)
+    length = min(2.0 * b, 1.0)
+    rest = 1.0 - (p + q) * length
+    return DiscretePair(("window of v only", "window of v' only", "elsewhere"), (p * length, q * length, rest),
+                        (q * length, p * length, rest), "v = 1 against v' = 0", "Li et al. SIGMOD 2020: Square Wave")
 
 
 @dataclass(frozen=True)
@@ -102,6 +151,17 @@ class ToplParams:
         return Guarantee((horizon - k) * self.epsilon + k * top,
                          f"(R - K) x eps + K x max(eps, eps_threshold) = {horizon - k} x {self.epsilon:g} + "
                          f"{k} x {top:g} (K threshold rounds)")
+
+    def round_mechanism(self, round_: int = 1) -> RoundMechanism:
+        """Round ``round_`` for a PLD accountant (protocols/round_mechanism.py). Reports are fresh keyed draws
+        every round. Outside threshold rounds a device sends HM at eps (:func:`hm_pair`, attained by t = 1
+        against t = -1 whatever theta is, so also against an adaptive collector's theta). In a threshold round
+        a device sends either SW at threshold_epsilon (holdout) or HM at eps (the others; nothing in round 1):
+        the round is described by one pair that dominates both (:func:`upper_envelope`), whose pure eps is
+        max(eps, threshold_epsilon), as in the ledger."""
+        if not self.threshold_round(round_):
+            return hm_pair(self.epsilon)
+        return threshold_round_pair(self.epsilon, self.threshold_epsilon)
 
     def make_devices(self, seed: int, device_ids: np.ndarray, limits: Limits | None = None) -> "ToplDevices":
         return ToplDevices(self, seed, device_ids, limits)

@@ -24,6 +24,7 @@ from protocols.guard import Guarantee, Guard, Limits
 from protocols.keyed import Purpose, stream_key
 from protocols.ledger import Charge
 from protocols.messages import CollectionRequest, ReportBatch
+from protocols.round_mechanism import NoRoundMechanism
 from protocols.snapshot import GuardedSnapshot
 from protocols.tops import ToPS
 
@@ -64,6 +65,13 @@ class TopsParams:
         return Guarantee((horizon - 1) * self.epsilon + top,
                          f"(R - 1) x eps + max(eps, eps_threshold) = {horizon - 1} x {self.epsilon:g} + {top:g}",
                          "event-level central DP of the public release (the collector is trusted and sees raw values)")
+
+    def round_mechanism(self, round_: int = 1) -> NoRoundMechanism:
+        """ToPS is central DP: devices send raw values and the trusted collector adds noise to the nodes of a
+        hierarchy, each node covering many rounds, so one round's value meets the same noise draws as its
+        neighbours'. There is no fresh per-round mechanism on the device to compose."""
+        return NoRoundMechanism("central DP: the collector's hierarchy noise is shared by the rounds under each "
+                                "node, not a fresh per-round mechanism on the device")
 
     def make_devices(self, seed: int, device_ids: np.ndarray, limits: Limits | None = None) -> "TopsDevices":
         return TopsDevices(self, seed, device_ids, limits)

@@ -17,6 +17,7 @@ from scenarios import attacks, plots
 from scenarios.metrics import error_summary, range_mse, range_queries, round_metrics
 from scenarios.runner import RunResult, bucket_width
 from scenarios import tables
+from scenarios import accounting
 from scenarios.tables import atomic_path
 
 
@@ -203,6 +204,8 @@ def privacy_summary(result: RunResult) -> dict:
         "refusals": result.guards.get("refusals") if kept else None,
         "ignored_messages": result.guards.get("ignored") if kept else None,
     }
+    # (eps, delta) beside pure eps for fresh-report protocols: a PLD accountant, cached per run
+    out["eps_delta"] = accounting.summary_entry(sc.protocol, sc.collections)[0]
     if g.worst_case is not None:
         value, exact, method = g.worst_case
         out["worst_case_loss"] = {"value": _finite(value), "bounded": bool(np.isfinite(value)), "exact": exact,
@@ -379,6 +382,17 @@ def write_tables(result: RunResult, out: Path, ledger_rows: bool = True, transcr
     return files
 
 
+def _write_eps_delta(result: RunResult, out: Path) -> dict:
+    """eps_delta.csv: eps(delta) after each round beside basic composition (scenarios/accounting.py)."""
+    sc = result.scenario
+    entry, table = accounting.summary_entry(sc.protocol, sc.collections)
+    if table is None:
+        return {accounting.CSV: _skipped(out, accounting.CSV, entry["why"])}
+    with atomic_path(out / accounting.CSV) as tmp:
+        rows = accounting.write_table(table, tmp)
+    return {accounting.CSV: {"written": True, "rows": rows}}
+
+
 def write_run_dir(result: RunResult, out: Path, ledger_rows: bool = True, transcript: str = "auto") -> dict:
     """Write every file of the run directory except events.jsonl (streamed during the run). ``ledger_rows``:
     write the ledger tables; ``transcript``: "always", "auto" (when devices x rounds <= TRANSCRIPT_AUTO_LIMIT)
@@ -399,6 +413,7 @@ def write_run_dir(result: RunResult, out: Path, ledger_rows: bool = True, transc
         (out / "spend.png").unlink(missing_ok=True)
     _write_text(out / "scenario.json", json.dumps(sc.as_run, indent=2) + "\n")
     write_downlink(result, out)
+    files.update(_write_eps_delta(result, out))
     report = attacks.analyze(result)  # [analysis] attacks: attacks.csv, attacks.png, summary.json "attacks"
     if report.rows:
         files.update(attacks.write(report, out))
