@@ -236,12 +236,16 @@ class ToplDevices:
         key = lambda k: keyed.uniform(stream_key(self.seed, Purpose.REPORT, r, k), sel)  # noqa: E731
         if holdout_stage:
             y = numeric.sw_randomize(np.clip(x / p.max_value, 0.0, 1.0), p.threshold_epsilon, key(0), key(1))
-            cols, eps = {"s": np.asarray(y, dtype=np.float64)}, p.threshold_epsilon
+            b = numeric.sw_b(p.threshold_epsilon)
+            y = numeric.snap(y, -b, 1.0 + b, key(5))  # on a grid: float bits would leak x (numeric.snap)
+            cols, eps = {"s": y}, p.threshold_epsilon
         else:
             theta = self.theta[idx]
             t = 2.0 * np.minimum(x, theta) / theta - 1.0  # truncate to [0, theta], map to [-1, 1]
             y = numeric.hm_randomize(t, p.epsilon, key(2), key(3), key(4))
-            cols = {"y": np.asarray(y, dtype=np.float64), "v": self.version[idx].astype(np.uint32)}
+            c = hm_bound(p.epsilon)
+            y = numeric.snap(y, -c, c, key(6))  # on a grid: float bits would leak x (numeric.snap)
+            cols = {"y": y, "v": self.version[idx].astype(np.uint32)}
             eps = p.epsilon
         return (ReportBatch(r, p.name, sel.astype(np.uint32), cols),
                 [self.guard.charge(r, now, EVENT_REPORT, eps, idx)])

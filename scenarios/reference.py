@@ -553,11 +553,34 @@ def square_wave(v: float, eps: float, u1: float, u2: float) -> float:
     p = e^eps/(2 b e^eps + 1); with probability 2 b p uniform on [v - b, v + b], else uniform on the rest of
     [-b, 1 + b] (length 1): u2 - b below v, u2 + b above."""
     e = math.exp(eps)
-    b = (eps * e - e + 1) / (2 * e * (e - 1 - eps))
+    b = sw_half_width(eps)
     p = e / (2 * b * e + 1)
     if u1 < 2 * b * p:
         return v - b + 2 * b * u2
     return u2 - b if u2 < v else u2 + b
+
+
+def sw_half_width(eps: float) -> float:
+    """Square Wave's b = (eps e^eps - e^eps + 1)/(2 e^eps (e^eps - 1 - eps))."""
+    e = math.exp(eps)
+    return (eps * e - e + 1.0) / (2.0 * e * (math.expm1(eps) - eps))
+
+
+def hybrid_bound(eps: float) -> float:
+    """The bound of the Hybrid Mechanism's output range: the larger of PM's (e^(eps/2) + 1)/(e^(eps/2) - 1)
+    and SR's (e^eps + 1)/(e^eps - 1)."""
+    e, h = math.exp(eps), math.exp(eps / 2)
+    return max((h + 1) / (h - 1), (e + 1) / (e - 1))
+
+
+def to_grid(y: float, low: float, high: float, u: float) -> float:
+    """A report leaves the device on the grid low + n (high - low)/2^16, y rounded up with probability its
+    fractional position (the float bits of y would otherwise leak the input)."""
+    step = (high - low) / 2.0**16
+    f = (y - low) / step
+    n = math.floor(f)
+    n = min(max(n + (1 if u < f - n else 0), 0), 2**16)
+    return min(low + n * step, high)
 
 
 def hybrid(t: float, eps: float, u_choice: float, u1: float, u2: float) -> float:
@@ -629,14 +652,17 @@ class ToplReference(ReferenceDevice):
         if self.reported >= r or not self.affordable(eps):
             return None, []
         self.reported = r
-        u = [uniform1(key(self.seed, Purpose.REPORT, r, k), self.id) for k in range(5)]
+        u = [uniform1(key(self.seed, Purpose.REPORT, r, k), self.id) for k in range(7)]
         x = float(value)
         if holdout:
             y = square_wave(clip(x / p.max_value, 0.0, 1.0), p.threshold_epsilon, u[0], u[1])
-            rep = Report("holdout", r, {"s": y})
+            b = sw_half_width(p.threshold_epsilon)
+            rep = Report("holdout", r, {"s": to_grid(y, -b, 1 + b, u[5])})
         else:
             t = 2 * min(x, self.theta) / self.theta - 1
-            rep = Report("report", r, {"y": hybrid(t, p.epsilon, u[2], u[3], u[4]), "v": self.version})
+            c = hybrid_bound(p.epsilon)
+            rep = Report("report", r, {"y": to_grid(hybrid(t, p.epsilon, u[2], u[3], u[4]), -c, c, u[6]),
+                                       "v": self.version})
         return rep, [self.charge(r, EVENT_REPORT, eps)]
 
 

@@ -175,6 +175,24 @@ def test_audit_catches_the_floating_point_laplace_leak() -> None:
     assert not pa.audit_game(table, game, 20_000, seed=2).exceeds
 
 
+@dataclasses.dataclass(frozen=True)
+class OpaqueFloatLaplaceParams(LaplaceParams):
+    """The float Laplace without a likelihood: the audit must find the leak with its empirical test."""
+
+    log_likelihood = None  # type: ignore[assignment]
+
+    def make_devices(self, seed, device_ids, limits=None):
+        return FloatLaplaceDevices(self, seed, device_ids, limits)
+
+
+def test_empirical_test_reads_the_low_bits_of_real_values() -> None:
+    table = {"name": LAPLACE, **pa.DEFAULT_TABLES[LAPLACE]}
+    row = pa.audit_game(table, pa.games(1)[0], 50_000, seed=2, transform=lambda sc: dataclasses.replace(
+        sc, protocol=OpaqueFloatLaplaceParams(**dataclasses.asdict(sc.protocol))))
+    assert row.statistic.startswith("empirical")
+    assert row.exceeds, row.eps_lb
+
+
 def test_memoized_claims_follow_behavior_patterns() -> None:
     """Within a pattern the ledger is the claim (and memoization keeps a constant input at eps however many
     rounds); across patterns without output perturbation the worst case is unbounded and the audit shows a
