@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 import numpy as np
 
+from protocols.guard import Guarantee, Guard, Limits
 from protocols.ledger import Charge
-from protocols.messages import CollectionRequest, Decision, ReportBatch
+from protocols.messages import CollectionRequest, CollectorMessage, Decision, ReportBatch, Threshold
+
+if TYPE_CHECKING:
+    from protocols.collecting import ReportCollector
 
 
 def check_params(epsilon: float, max_value: float, gamma: float = 0.0) -> None:
@@ -44,56 +48,95 @@ class ProtocolError(ValueError):
     """A well-formed message the protocol must reject (wrong round, unknown device, bad column...)."""
 
 
+#: A round's estimate: a mean, or one value per bucket / counter; a report stage inside a multi-stage collector
+#: (ToPL's) may instead hand its collector the round's reports by column.
+Estimate = float | np.ndarray | dict[str, np.ndarray]
+
+
 @dataclass(frozen=True)
 class RoundResult:
     """The collector's output for one round."""
 
     round: int
-    estimate: float | np.ndarray  # a mean, or one value per bucket / counter
+    estimate: Estimate
     reports: int
     info: dict = field(default_factory=dict)  # protocol-specific figures (THRESH: global_update, vote_mean)
 
 
 class DeviceSide(Protocol):
-    device_ids: np.ndarray
+    """The device side of a cohort: ``respond`` answers one collector message with a report batch (or nothing)
+    and the charges it made through ``guard``; ``snapshot``/``restore`` carry its state (protocols.snapshot).
+    Epoch protocols also have ``observe(day, values, present)``, which the runtimes call every day."""
 
-    def respond(self, request: CollectionRequest, day: int, values: np.ndarray,
-                now: float) -> tuple[ReportBatch | None, list[Charge]]: ...
+    device_ids: np.ndarray
+    guard: Guard
+
+    def respond(self, msg: CollectorMessage, day: int, values: np.ndarray, now: float,
+                present: np.ndarray | None = None, /) -> tuple[ReportBatch | None, list[Charge]]: ...
+
+    def snapshot(self) -> dict[str, Any]: ...
+
+    def restore(self, state: dict[str, Any], /) -> None: ...
 
 
 class CollectorSide(Protocol):
+    """The collector side: ``request`` opens a round (or epoch) and returns its broadcast, ``receive`` takes a
+    batch (ProtocolError: rejected whole), ``advance`` at a stage's deadline returns the next stage's broadcast
+    or None when the round can close, ``close_round`` returns the round's estimate. ``stages`` are its report
+    stages with their stored transcripts, in protocol order; ``snapshot``/``restore`` carry its state."""
+
     name: str
+    n_devices: int
 
-    def request(self, round_: int, deadline: float) -> CollectionRequest: ...
+    def request(self, round_: int, deadline: float, /) -> CollectionRequest: ...
 
-    def receive(self, batch: ReportBatch) -> int: ...
+    def receive(self, batch: ReportBatch, /) -> int: ...
 
-    def advance(self, deadline: float) -> Decision | None: ...
+    def advance(self, deadline: float, /) -> Decision | Threshold | None: ...
 
     def close_round(self) -> RoundResult: ...
 
+    def stages(self) -> Sequence[tuple[str, ReportCollector]]: ...
+
     def transcript_digest(self) -> str: ...
+
+    def snapshot(self, records: bool = True) -> dict[str, Any]: ...
+
+    def restore(self, state: dict[str, Any], /) -> None: ...
 
 
 class ProtocolParams(Protocol):
     """A protocol's parameters double as its descriptor for the runtimes.
 
-    ``kind`` is "mean" (one number per round), "histogram" (one frequency per bucket) or "counters"
-    (one mean per counter); ``truth`` and ``estimate_sd`` take the round's true (clipped) values.
+    ``kind`` is "mean" (one number per round), "histogram" (one frequency per bucket), "counters" (one mean per
+    counter), "epoch" (THRESH-like: one estimate per epoch of days) or "stream" (ToPL, ToPS); ``truth`` and
+    ``estimate_sd`` take the round's true (clipped) values; ``guarantee(horizon)`` is the largest total any
+    device's ledger can reach in a run of ``horizon`` rounds (protocols.guard.Guarantee). A protocol module
+    checks its parameter class against this (``_: type[ProtocolParams] = XParams`` under TYPE_CHECKING), and
+    through it its device and collector sides against :class:`DeviceSide` and :class:`CollectorSide`.
     """
 
-    name: str
-    epsilon: float
-    max_value: float
-    kind: str
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def epsilon(self) -> float: ...
+
+    @property
+    def max_value(self) -> float: ...
+
+    @property
+    def kind(self) -> str: ...
 
     @property
     def round_epsilon(self) -> float: ...
 
-    def make_devices(self, seed: int, device_ids: np.ndarray) -> DeviceSide: ...
+    def guarantee(self, horizon: int, /) -> Guarantee: ...
 
-    def make_collector(self, n_devices: int) -> CollectorSide: ...
+    def make_devices(self, seed: int, device_ids: np.ndarray, limits: Limits | None = None, /) -> DeviceSide: ...
 
-    def truth(self, values: np.ndarray) -> float | np.ndarray: ...
+    def make_collector(self, n_devices: int, /) -> CollectorSide: ...
 
-    def estimate_sd(self, values: np.ndarray, reports: int) -> float | np.ndarray: ...
+    def truth(self, values: np.ndarray, /) -> float | np.ndarray: ...
+
+    def estimate_sd(self, values: np.ndarray, reports: int, /) -> float | np.ndarray: ...

@@ -12,17 +12,18 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from protocols import snapshot as snap
 from protocols import transcript as canonical
-from protocols.base import ProtocolError, RoundResult
+from protocols.base import Estimate, ProtocolError, RoundResult
 from protocols.messages import CollectionRequest, ReportBatch
 
-SPILL_BYTES = 256 << 20  # in-memory transcript beyond which round records go to ``spill_to``
-#: Where round records go once a collector's transcript passes SPILL_BYTES: a callable taking a (devices, bytes)
-#: record and returning an object with ``shape`` and ``rows(lo, hi)``. The runtime installs one (e.g.
-#: collector.spill.TempFileSpill); None keeps everything in memory. protocols/ itself does no I/O.
-spill_to: "Callable[[np.ndarray], Any] | None" = None
+SPILL_BYTES = 256 << 20  # in-memory transcript beyond which round records go to ``ReportCollector.spill``
+
+#: A spill store: takes a (devices, bytes) uint8 round record and returns an object with ``shape`` and
+#: ``rows(lo, hi)`` that stands for it (collector.spill.TempFileSpill keeps it in a temporary file).
+Spill = Callable[[np.ndarray], Any]
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,7 @@ class Column:
     [low, high] (``None``: no bound beyond the dtype; floats are already finite from the wire)."""
 
     name: str
-    dtype: np.dtype
+    dtype: DTypeLike
     width: int = 1
     low: float | None = None
     high: float | None = None
@@ -52,12 +53,18 @@ class Column:
 
 
 class ReportCollector:
-    """Base collector side: subclasses set ``name`` and ``columns`` and implement :meth:`estimate`."""
+    """Base collector side: subclasses set ``name`` and ``columns`` and implement :meth:`estimate`.
+
+    ``spill``: where this stage's round records go once its in-memory transcript passes :data:`SPILL_BYTES`
+    (non-bit reports only; bit reports are packed instead). The runtime sets it on every stage of a collector
+    side (collector.spill.attach) before the first round or restore; None, the default, keeps everything in
+    memory. protocols/ itself does no I/O."""
 
     name: str = ""
     columns: tuple[Column, ...] = ()
 
     def __init__(self, n_devices: int) -> None:
+        self.spill: Spill | None = None
         self.n_devices = int(n_devices)
         self.round = 0
         self._present: np.ndarray | None = None
@@ -72,7 +79,7 @@ class ReportCollector:
     def validate(self, columns: dict[str, np.ndarray]) -> None:
         """Protocol-specific checks of a batch's columns (raise ProtocolError); none by default."""
 
-    def estimate(self, reports: dict[str, np.ndarray]) -> float | np.ndarray:
+    def estimate(self, reports: dict[str, np.ndarray]) -> Estimate:
         """The round's estimate from the reports that arrived: each column as (reports, width)."""
         raise NotImplementedError
 
@@ -126,8 +133,8 @@ class ReportCollector:
                                    .reshape(self.n_devices, -1) for v in self._data.values()], axis=1)
         if self._bits_only:  # every byte is 0 or 1: pack across devices (16x less memory for 1-bit reports)
             record = np.packbits(record, axis=0)
-        elif spill_to is not None and self._kept_bytes + record.nbytes > SPILL_BYTES:
-            record = spill_to(record)
+        elif self.spill is not None and self._kept_bytes + record.nbytes > SPILL_BYTES:
+            record = self.spill(record)
         self._kept_bytes += record.nbytes if isinstance(record, np.ndarray) else 0
         self.transcript.append((self.round, record))
         self.report_counts.append(count)
@@ -138,7 +145,7 @@ class ReportCollector:
         """Single-stage protocols: nothing more to ask for before the round closes."""
         return None
 
-    def empty_estimate(self) -> float | np.ndarray:
+    def empty_estimate(self) -> Estimate:
         return float("nan")
 
     def stages(self) -> list[tuple[str, "ReportCollector"]]:
@@ -212,8 +219,8 @@ class ReportCollector:
             if not isinstance(rec, np.ndarray) or rec.dtype != np.uint8 or rec.shape != (rows, self.record_width()):
                 raise snap.SnapshotError(f"stage {self.name!r}: the record of round {rnd} has the wrong shape")
             rec = np.ascontiguousarray(rec)
-            if not self._bits_only and spill_to is not None and self._kept_bytes + rec.nbytes > SPILL_BYTES:
-                rec = spill_to(rec)
+            if not self._bits_only and self.spill is not None and self._kept_bytes + rec.nbytes > SPILL_BYTES:
+                rec = self.spill(rec)
             self._kept_bytes += rec.nbytes if isinstance(rec, np.ndarray) else 0
             self.transcript.append((int(rnd), rec))
         self.report_counts = counts.tolist()
@@ -266,7 +273,7 @@ class ReportCollector:
 
     def device_reports(self, device: int) -> list[tuple[int, dict[str, np.ndarray] | None]]:
         """One device's received reports by round (None where nothing arrived): for audits."""
-        out = []
+        out: list[tuple[int, dict[str, np.ndarray] | None]] = []
         for rnd, rec in self.transcript:
             row = self._rows(rec, device - device % 8, device - device % 8 + 8)[device % 8] if self._bits_only \
                 else self._rows(rec, device, device + 1)[0]

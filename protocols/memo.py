@@ -9,6 +9,8 @@ spend = pattern width x eps).
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import numba as nb
 import numpy as np
 
@@ -171,13 +173,28 @@ class RevealSet:
         return np.bincount((keys // np.uint64(self.width)).astype(np.int64), minlength=self.size)
 
 
-def admit_reports(guard: Guard, params: object, rows: np.ndarray, reveals: RevealSet | None,
+class ChargedParams(Protocol):
+    """What :func:`admit_reports` and :func:`report_charges` read of a protocol's parameters."""
+
+    @property
+    def epsilon(self) -> float: ...
+
+    @property
+    def gamma(self) -> float: ...
+
+    @property
+    def round_epsilon(self) -> float: ...
+
+
+def admit_reports(guard: Guard, params: ChargedParams, rows: np.ndarray, reveals: RevealSet | None,
                   inputs: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
     """The rows (cohort indices) whose report this round fits the budget, and for memoized protocols which
     of them reveal a memoized response for the first time (recorded as revealed). Fresh reports cost
     ``params.round_epsilon``; a memoized report costs eps when new and nothing when repeated (Theorem 4)."""
     if reveals is None:
         return rows[guard.affordable(params.round_epsilon, rows)], None
+    if inputs is None:
+        raise ValueError("memoized reports need the memoization input of every device")
     if guard.limits.budget is None:
         return rows, reveals.insert(rows, inputs[rows])
     new = ~reveals.contains(rows, inputs[rows])
@@ -187,7 +204,7 @@ def admit_reports(guard: Guard, params: object, rows: np.ndarray, reveals: Revea
     return rows, new
 
 
-def report_charges(guard: Guard, params: object, round_: int, now: float, rows: np.ndarray,
+def report_charges(guard: Guard, params: ChargedParams, round_: int, now: float, rows: np.ndarray,
                    new: np.ndarray | None) -> list[Charge]:
     """The ledger charges of one round's reports (``rows``: cohort indices that report). Memoized: eps for
     each device revealing a memoized response for the first time (``new``), plus the per-report guarantee

@@ -97,5 +97,8 @@ class End:
 
 
 Message = CollectionRequest | ReportBatch | Decision | Threshold | Hello | End | Challenge
+#: What a collector side broadcasts to device sides. A device side is handed whichever of them arrives (a hostile
+#: collector may send any) and answers only what its protocol asks for at that moment.
+CollectorMessage = CollectionRequest | Decision | Threshold
 MESSAGE_TYPES: dict[str, type] = {cls.TYPE: cls for cls in (CollectionRequest, ReportBatch, Decision, Threshold,
                                                              Hello, End, Challenge)}

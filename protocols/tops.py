@@ -259,8 +259,7 @@ class ToPS:
     @property
     def scale(self) -> float:
         """Laplace scale per node, b = theta / (eps / L) (sensitivity theta per level)."""
-        self._need_threshold()
-        return self.threshold / self.level_epsilon
+        return self._need_threshold() / self.level_epsilon
 
     @property
     def node_variance(self) -> float:
@@ -337,9 +336,11 @@ class ToPS:
             self.smooth_levels = int(self._smooth_request)
         self._rate = self.threshold / 2.0  # Appendix D: initial estimate theta/2 per value
 
-    def _need_threshold(self) -> None:
+    def _need_threshold(self) -> float:
+        """The threshold theta (a ValueError before it is chosen or set)."""
         if self.threshold is None:
             raise ValueError("call choose_threshold (or set_threshold) first")
+        return self.threshold
 
     # -- noise trees
     def raw_noise(self, chunk: int) -> list[np.ndarray]:
@@ -375,9 +376,9 @@ class ToPS:
         """Append x_t (clipped to [0, theta]); returns the step's released estimate. ``clip=False`` takes x_t as
         given: for a caller whose x_t already has sensitivity theta to one event (a sum of per-device values
         each clipped to theta, as the simulator's tops protocol feeds it)."""
-        self._need_threshold()
+        theta = self._need_threshold()
         x = float(x)
-        v = min(max(x, 0.0), self.threshold) if clip else x
+        v = min(max(x, 0.0), theta) if clip else x
         self.clipped += v != x
         t0 = self.t  # 0-based index of this step
         chunk, pos = divmod(t0, self.range_limit)

@@ -1,1 +1,21 @@
-"""placeholder"""
+"""Scenarios and everything that runs them (docs/design.md sections 4, 7 and 8), and the shipped
+``*.toml`` scenarios, ``studies/`` and ``data/``.
+
+Importing the package imports none of its modules; import the one you need
+(``from scenarios import output, runner, schema``).
+
+- ``schema``: scenario files (TOML), ``--set`` overrides and strict validation;
+- ``runner``: a run in simulated time (SimPy); ``live``, ``journal``: live runs over TCP and their
+  crash-safe journals;
+- ``output``, ``tables``, ``plots``, ``metrics``, ``accounting``: the run directory: summary, tables,
+  pictures, error metrics, (eps, delta) accounting;
+- ``audit``, ``reference``: ``ldpsim audit``, and the one-device reference models it replays;
+- ``attacks``, ``privacy_audit``: what a curious collector learns, and empirical lower bounds on epsilon;
+- ``sweep``, ``compare``: parameter grids, and THRESH against naive repetition;
+- ``cli``: the ``ldpsim`` command.
+"""
+
+__all__ = [
+    "accounting", "attacks", "audit", "cli", "compare", "journal", "live", "metrics", "output", "plots",
+    "privacy_audit", "reference", "runner", "schema", "sweep", "tables",
+]

@@ -13,35 +13,7 @@ from agents.world import World
 from protocols.messages import CollectionRequest
 from protocols.onebit import OneBitDevices
 from scenarios import output, runner, schema
-
-
-def _scenario(protocol: str, **overrides: object) -> schema.Scenario:
-    data = {
-        "name": "determinism", "seed": 7, "rounds": 6,
-        "population": {"devices": 1200, "groups": [
-            {"name": "a", "share": 0.6, "counter": {"dist": "normal", "mean": 30, "sd": 10},
-             "jitter": {"dist": "normal", "sd": 4}},
-            {"name": "b", "share": 0.4, "counter": {"dist": "uniform", "low": 40, "high": 100}},
-        ]},
-        "changes": [{"round": 4, "group": "b", "fraction": 0.5, "counter": {"dist": "constant", "value": 5}}],
-        "protocol": {"name": protocol, "epsilon": 1.0, "max_value": 100, "gamma": 0.1,
-                     **({"granularity": 10} if protocol == "1bitrrpm" else {})},
-        # loss and latency jitter so that fates split batches; some reports arrive after the deadline
-        "network": {"loss": 0.05, "latency": 0.1, "jitter": 1.0, "deadline": 3.0},
-        "simulation": {"cohort_size": 10_000, "round_seconds": 100},
-    }
-    for key, value in overrides.items():
-        data = schema.apply_overrides(data, [f"{key}={value}"])
-    return schema.parse(data)
-
-
-PROTOCOL_TABLES = {
-    "dbitflippm-d1": {"name": "dbitflippm", "epsilon": 1.0, "max_value": 100, "buckets": 8, "bits": 1},
-    "dbitflip-d3": {"name": "dbitflip", "epsilon": 1.0, "max_value": 100, "buckets": 8, "bits": 3, "gamma": 0.1},
-    "binflip": {"name": "binflip", "epsilon": 1.0, "max_value": 100, "buckets": 6},
-    "kflip": {"name": "kflip", "epsilon": 1.0, "max_value": 100, "buckets": 8},
-    "laplace": {"name": "laplace", "epsilon": 1.0, "max_value": 100},
-}
+from tests.support import PROTOCOL_TABLES, protocol_scenario
 
 
 @pytest.mark.parametrize("name", sorted(PROTOCOL_TABLES))
@@ -50,7 +22,7 @@ def test_every_protocol_runs_end_to_end_and_is_cohort_invariant(name: str) -> No
     an estimate, and cohort sizes 1 and 7 give the same digests."""
     digests = []
     for size in (1, 7):
-        sc = _scenario("1bitmean", **{"simulation.cohort_size": size, "network.loss": 0, "network.jitter": 0})
+        sc = protocol_scenario("1bitmean", **{"simulation.cohort_size": size, "network.loss": 0, "network.jitter": 0})
         sc = schema.parse({**sc.raw, "protocol": PROTOCOL_TABLES[name]})
         s = output.summary(runner.run(sc))
         assert s["reports"]["accepted"] == sc.devices * sc.rounds
@@ -63,7 +35,7 @@ def test_every_protocol_runs_end_to_end_and_is_cohort_invariant(name: str) -> No
 def test_digests_identical_for_cohort_sizes_1_7_10000(protocol: str) -> None:
     summaries = {}
     for size in (1, 7, 10_000):
-        result = runner.run(_scenario(protocol, **{"simulation.cohort_size": size}))
+        result = runner.run(protocol_scenario(protocol, **{"simulation.cohort_size": size}))
         summaries[size] = output.summary(result)
     digests = {size: s["digests"] for size, s in summaries.items()}
     assert digests[1] == digests[7] == digests[10_000]
@@ -75,7 +47,7 @@ def test_digests_identical_for_cohort_sizes_1_7_10000(protocol: str) -> None:
     # a different seed changes the transcript and estimates (the digests are not constants); the ledger
     # changes for memoization (which grid values a device reveals is random) but not for naive repetition,
     # whose charges (eps' per round, every device) are data- and seed-independent
-    other = output.summary(runner.run(_scenario(protocol, seed=8)))["digests"]
+    other = output.summary(runner.run(protocol_scenario(protocol, seed=8)))["digests"]
     assert other["transcript"] != s["digests"]["transcript"]
     assert other["estimates"] != s["digests"]["estimates"]
     assert (other["ledger"] != s["digests"]["ledger"]) == (protocol == "1bitrrpm")
@@ -84,7 +56,7 @@ def test_digests_identical_for_cohort_sizes_1_7_10000(protocol: str) -> None:
 def test_one_device_replays_alone_and_matches_transcript_and_ledger() -> None:
     """An auditor replays single devices from (seed, device id, its values): every report that reached the
     collector equals the replayed one, and the replayed charges equal the ledger's."""
-    sc = _scenario("1bitrrpm")
+    sc = protocol_scenario("1bitrrpm")
     result = runner.run(sc)
     transcript = dict(result.collector.protocol.received("bit"))
     for device in (0, 1, 599, 600, 1199):
@@ -109,7 +81,7 @@ def test_churn_is_cohort_invariant_and_absent_devices_are_never_charged(name: st
     cohort split."""
     summaries = []
     for size in (1, 7):
-        sc = _scenario("1bitrrpm", **{"simulation.cohort_size": size, "network.loss": 0, "network.jitter": 0})
+        sc = protocol_scenario("1bitrrpm", **{"simulation.cohort_size": size, "network.loss": 0, "network.jitter": 0})
         raw = sc.raw
         raw["population"]["groups"][1].update(joins=3, leaves=6)
         if name != "1bitrrpm":

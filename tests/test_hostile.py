@@ -14,9 +14,10 @@ from collector.server import LiveSettings
 from protocols.guard import MAX_ROUND, Guard, Limits
 from protocols.messages import CollectionRequest, Threshold
 from scenarios import live, output, runner, schema
-from tests.test_live import SCENARIOS
+from tests.support import live_scenarios
 
 HOSTILE = [b for b in schema.BEHAVIORS if b not in ("honest", "always_update")]
+SCENARIOS = live_scenarios()
 FAST = LiveSettings(stage_timeout=2.0, read_timeout=0.3, startup_timeout=10.0)
 
 

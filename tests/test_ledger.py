@@ -79,12 +79,11 @@ def test_spilled_transcripts_give_the_same_digest(monkeypatch) -> None:
 
     sc = schema.load("topl_pos", ["population.devices=3000", "rounds=6", "protocol.rethreshold_every=3",
                                   "simulation.cohort_size=1000"])
-    monkeypatch.setattr(collecting, "spill_to", None)
-    kept = runner.run(sc)
+    kept = runner.run(sc)  # far below SPILL_BYTES: every record in memory
+    assert not any(isinstance(r, spill.SpilledRecord) for _, r in kept.collector.protocol.reports.transcript)
     base = output.summary(kept)["digests"]
     monkeypatch.setattr(collecting, "SPILL_BYTES", 0)
-    monkeypatch.setattr(collecting, "spill_to", spill.TempFileSpill())
-    spilled = runner.run(sc)
+    spilled = runner.run(sc)  # the runner hands the collector a spill store (collector.spill.attach)
     assert any(isinstance(r, spill.SpilledRecord) for _, r in spilled.collector.protocol.reports.transcript)
     assert output.summary(spilled)["digests"] == base
     for device in (0, 1234, 2999):
@@ -92,3 +91,35 @@ def test_spilled_transcripts_give_the_same_digest(monkeypatch) -> None:
         b = kept.collector.protocol.reports.device_reports(device)
         assert [(r, None if v is None else {k: x.tolist() for k, x in v.items()}) for r, v in a] == \
                [(r, None if v is None else {k: x.tolist() for k, x in v.items()}) for r, v in b]
+
+
+def test_the_spill_store_is_passed_to_each_collector_and_goes_with_it(monkeypatch) -> None:
+    """No module-level spill: a collector side keeps its records in memory unless the runtime hands its stages
+    a store (collector.spill.attach, one per collector side, every stage of a multi-stage one); the store makes
+    its directory at the first record and removes it when the collector side holding it goes away."""
+    import gc
+    import os
+
+    from collector import spill
+    from protocols import collecting
+    from scenarios import schema
+
+    monkeypatch.setattr(collecting, "SPILL_BYTES", 0)
+    sc = schema.load("topl_pos", ["population.devices=100", "rounds=2"])
+    alone, held = sc.protocol.make_collector(100), sc.protocol.make_collector(100)
+    store = spill.attach(held)
+    assert [s.spill for _, s in alone.stages()] == [None, None]
+    assert [s.spill for _, s in held.stages()] == [store, store]
+    for collector in (alone, held):
+        collector.request(1, 1.0)
+        collector.advance(2.0)
+        collector.close_round()
+    assert all(isinstance(r, np.ndarray) for _, s in alone.stages() for _, r in s.transcript)
+    records = [r for _, s in held.stages() for _, r in s.transcript]
+    assert records and all(isinstance(r, spill.SpilledRecord) for r in records)
+    assert held.transcript_digest() == alone.transcript_digest()
+    folder = os.path.dirname(records[0].path)
+    assert os.path.isdir(folder)
+    del held, collector, store, records
+    gc.collect()
+    assert not os.path.exists(folder)

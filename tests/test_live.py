@@ -14,25 +14,12 @@ from protocols import wire
 from protocols.framing import frame
 from protocols.ledger import Ledger
 from scenarios import live, output, runner, schema
-from tests.test_determinism import PROTOCOL_TABLES, _scenario
+from tests.support import live_scenarios, protocol_scenario
 
 FAST = LiveSettings(stage_timeout=2.0, read_timeout=0.3, startup_timeout=10.0)
 
 
-def _protocol_scenarios() -> dict[str, schema.Scenario]:
-    base = {"simulation.cohort_size": 100, "network.loss": 0, "network.jitter": 0, "population.devices": 400}
-    out = {p: _scenario(p, **base) for p in ("1bitrrpm", "1bitmean")}
-    for name, table in PROTOCOL_TABLES.items():
-        out[name] = schema.parse({**_scenario("1bitmean", **base).raw, "protocol": table})
-    out["thresh"] = schema.load("thresh_stable", ["population.devices=400", "rounds=28", "simulation.cohort_size=100"])
-    out["topl"] = schema.load("topl_pos", ["population.devices=400", "rounds=6", "protocol.rethreshold_every=3",
-                                           "simulation.cohort_size=100"])
-    out["tops"] = schema.load("tops_pos", ["population.devices=400", "rounds=6", "simulation.cohort_size=100"])
-    out["1bitmulti"] = schema.load("apps_multi", ["population.devices=400", "rounds=3", "simulation.cohort_size=100"])
-    return out
-
-
-SCENARIOS = _protocol_scenarios()
+SCENARIOS = live_scenarios()
 
 
 @pytest.mark.asyncio
@@ -154,7 +141,7 @@ async def test_collector_restart_between_rounds() -> None:
 @pytest.mark.asyncio
 async def test_one_device_per_connection() -> None:
     """40 devices over 40 connections (one device each, cohorts of one) give the simulated digests."""
-    sc = schema.parse(_scenario("1bitrrpm", **{"population.devices": 40, "simulation.cohort_size": 1,
+    sc = schema.parse(protocol_scenario("1bitrrpm", **{"population.devices": 40, "simulation.cohort_size": 1,
                                                "network.loss": 0, "network.jitter": 0}).raw)
     sim = output.summary(runner.run(sc))
     got = output.summary(await live.run_embedded(sc, connections=40, settings=FAST))

@@ -31,7 +31,7 @@ from protocols.framing import frame
 from protocols.ledger import Ledger
 from protocols.messages import Challenge, Hello, ReportBatch
 from scenarios import live, output, runner
-from tests.test_determinism import _scenario
+from tests.support import protocol_scenario
 
 HOST = "127.0.0.1"
 FAST = LiveSettings(stage_timeout=2.0, read_timeout=0.3, startup_timeout=10.0, hello_timeout=5.0,
@@ -41,8 +41,8 @@ PROTOCOL = "1bitrrpm"
 
 
 def scenario(devices: int = 400, rounds: int = 6, cohort: int = 100):
-    return _scenario(PROTOCOL, **{"population.devices": devices, "rounds": rounds, "simulation.cohort_size": cohort,
-                                  "network.loss": 0, "network.jitter": 0})
+    return protocol_scenario(PROTOCOL, **{"population.devices": devices, "rounds": rounds,
+                                          "simulation.cohort_size": cohort, "network.loss": 0, "network.jitter": 0})
 
 
 @functools.lru_cache(maxsize=None)

@@ -22,15 +22,15 @@ from agents.world import World
 from protocols import snapshot, wire
 from protocols.ledger import Charge, Ledger
 from scenarios import journal, output, runner, schema
-from tests.test_determinism import PROTOCOL_TABLES, _scenario
+from tests.support import PROTOCOL_TABLES, protocol_scenario
 
 
 def _scenarios() -> dict[str, schema.Scenario]:
     base = {"simulation.cohort_size": 100, "network.loss": 0, "network.jitter": 0, "population.devices": 300}
-    out = {p: _scenario(p, **base) for p in ("1bitrrpm", "1bitmean")}
+    out = {p: protocol_scenario(p, **base) for p in ("1bitrrpm", "1bitmean")}
     for name, table in PROTOCOL_TABLES.items():
-        out[name] = schema.parse({**_scenario("1bitmean", **base).raw, "protocol": table})
-    out["1bitrrpm-budget"] = _scenario("1bitrrpm", **base, **{"privacy.budget": 2.5})
+        out[name] = schema.parse({**protocol_scenario("1bitmean", **base).raw, "protocol": table})
+    out["1bitrrpm-budget"] = protocol_scenario("1bitrrpm", **base, **{"privacy.budget": 2.5})
     out["thresh"] = schema.load("thresh_stable", ["population.devices=300", "rounds=28", "simulation.cohort_size=100",
                                                   "protocol.tau_scale=0.2"])
     out["epochrr"] = schema.parse({**out["thresh"].raw, "protocol": {"name": "epochrr", "epsilon": 1.0,

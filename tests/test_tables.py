@@ -219,11 +219,9 @@ def test_spilled_packed_and_blockwise_paths_give_the_same_table_and_digest(monke
 
     for variant in ("topl-downlink-loss", "1bitrrpm-loss"):
         sc = _scenario(variant)
-        monkeypatch.setattr(collecting, "spill_to", None)
         kept = runner.run(sc)
         base = tables.read_transcript(_write(kept, tmp_path / f"{variant}-kept"))
         monkeypatch.setattr(collecting, "SPILL_BYTES", 0)
-        monkeypatch.setattr(collecting, "spill_to", spill.TempFileSpill())
         monkeypatch.setattr(tables, "ROW_GROUP", 296)  # a multiple of 8, far below the population
         spilled = runner.run(sc)
         if variant.startswith("topl"):

@@ -1,0 +1,61 @@
+"""Scenario builders shared by several test modules (tests/conftest.py also offers them as fixtures).
+
+A test module imports what it needs at collection time (parametrize ids) from here, never from another test
+module: a test module imported by another would be imported twice and its tests' setup run twice.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from scenarios import schema
+
+__all__ = ["PROTOCOL_TABLES", "live_scenarios", "protocol_scenario"]
+
+
+def protocol_scenario(protocol: str, **overrides: object) -> schema.Scenario:
+    """A small two-group scenario with a change at round 4, loss and latency jitter that split batches and
+    make some reports late; ``overrides`` are dotted keys with TOML values (as ``--set``)."""
+    data = {
+        "name": "determinism", "seed": 7, "rounds": 6,
+        "population": {"devices": 1200, "groups": [
+            {"name": "a", "share": 0.6, "counter": {"dist": "normal", "mean": 30, "sd": 10},
+             "jitter": {"dist": "normal", "sd": 4}},
+            {"name": "b", "share": 0.4, "counter": {"dist": "uniform", "low": 40, "high": 100}},
+        ]},
+        "changes": [{"round": 4, "group": "b", "fraction": 0.5, "counter": {"dist": "constant", "value": 5}}],
+        "protocol": {"name": protocol, "epsilon": 1.0, "max_value": 100, "gamma": 0.1,
+                     **({"granularity": 10} if protocol == "1bitrrpm" else {})},
+        # loss and latency jitter so that fates split batches; some reports arrive after the deadline
+        "network": {"loss": 0.05, "latency": 0.1, "jitter": 1.0, "deadline": 3.0},
+        "simulation": {"cohort_size": 10_000, "round_seconds": 100},
+    }
+    for key, value in overrides.items():
+        data = schema.apply_overrides(data, [f"{key}={value}"])
+    return schema.parse(data)
+
+
+#: [protocol] tables of the histogram and baseline protocols, for :func:`protocol_scenario`'s world
+PROTOCOL_TABLES = {
+    "dbitflippm-d1": {"name": "dbitflippm", "epsilon": 1.0, "max_value": 100, "buckets": 8, "bits": 1},
+    "dbitflip-d3": {"name": "dbitflip", "epsilon": 1.0, "max_value": 100, "buckets": 8, "bits": 3, "gamma": 0.1},
+    "binflip": {"name": "binflip", "epsilon": 1.0, "max_value": 100, "buckets": 6},
+    "kflip": {"name": "kflip", "epsilon": 1.0, "max_value": 100, "buckets": 8},
+    "laplace": {"name": "laplace", "epsilon": 1.0, "max_value": 100},
+}
+
+
+@functools.cache
+def live_scenarios() -> dict[str, schema.Scenario]:
+    """One small lossless scenario (400 devices, cohorts of 100) for every protocol, by name: what the live
+    runtime is checked against the simulator with (tests/test_live.py, tests/test_hostile.py). Built once."""
+    base = {"simulation.cohort_size": 100, "network.loss": 0, "network.jitter": 0, "population.devices": 400}
+    out = {p: protocol_scenario(p, **base) for p in ("1bitrrpm", "1bitmean")}
+    for name, table in PROTOCOL_TABLES.items():
+        out[name] = schema.parse({**protocol_scenario("1bitmean", **base).raw, "protocol": table})
+    out["thresh"] = schema.load("thresh_stable", ["population.devices=400", "rounds=28", "simulation.cohort_size=100"])
+    out["topl"] = schema.load("topl_pos", ["population.devices=400", "rounds=6", "protocol.rethreshold_every=3",
+                                           "simulation.cohort_size=100"])
+    out["tops"] = schema.load("tops_pos", ["population.devices=400", "rounds=6", "simulation.cohort_size=100"])
+    out["1bitmulti"] = schema.load("apps_multi", ["population.devices=400", "rounds=3", "simulation.cohort_size=100"])
+    return out
