@@ -33,7 +33,7 @@ from scenarios.schema import PROTOCOLS  # noqa: E402
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--protocols", default=",".join(p for p in PROTOCOLS if p not in pa.CENTRAL))
+    ap.add_argument("--protocols", default=",".join(p for p in PROTOCOLS if not pa.is_central(p)))
     ap.add_argument("--trials-one", type=int, default=1_000_000)
     ap.add_argument("--trials-long", type=int, default=100_000)
     ap.add_argument("--rounds", type=int, default=31)
@@ -44,7 +44,7 @@ def main() -> int:
     rows, per_protocol = [], []
     t_all = time.perf_counter()
     for name in args.protocols.split(","):
-        table = {"name": name, **pa.DEFAULT_TABLES[name]}
+        table = pa.default_table(name)
         games = pa.games(args.rounds)
         mine = []
         for game in games:

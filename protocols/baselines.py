@@ -11,19 +11,21 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numba as nb
 import numpy as np
 
+from protocols import config
 from protocols import keyed
 from protocols import likelihood as lik
-from protocols.base import accepts, check_params
+from protocols.base import ProtocolParams, accepts, check_params
 from protocols.collecting import Column, ReportCollector
 from protocols.dbitflip import bucket_of, histogram
 from protocols.guard import Guarantee, Guard, Limits
 from protocols.keyed import Purpose, stream_key
 from protocols.ledger import FRESH_REPORT, Charge
-from protocols.messages import CollectionRequest, ReportBatch
+from protocols.messages import CollectionRequest, CollectorMessage, ReportBatch
 from protocols.round_mechanism import DiscretePair, LaplacePair, RoundMechanism
 from protocols.snapshot import GuardedSnapshot
 from protocols.wire import Bits
@@ -50,7 +52,7 @@ class FreshDevices(GuardedSnapshot):
         if values.shape != self.device_ids.shape:
             raise ValueError("one value per device is required")
 
-    def respond(self, request: CollectionRequest, day: int, values: np.ndarray, now: float,
+    def respond(self, request: CollectorMessage, day: int, values: np.ndarray, now: float,
                 present: np.ndarray | None = None) -> tuple[ReportBatch | None, list[Charge]]:
         p = self.params
         self.check_values(values)
@@ -100,6 +102,17 @@ class KFlipParams:
     buckets: int
 
     kind = "histogram"
+
+    #: an example [protocol] table per name this class runs (ldpsim privacy-audit NAME, the conformance tests)
+    examples = {'kflip': {'epsilon': 1.0, 'max_value': 1.0, 'buckets': 8}}
+
+    @classmethod
+    def from_table(cls, name: str, table: "config.Table", ctx: "config.Context") -> "KFlipParams":
+        """[protocol] keys: epsilon, max_value, buckets."""
+        epsilon = config.epsilon(table)
+        max_value = table.get("max_value", float, check=config.positive, what="> 0")
+        return cls(name, epsilon, max_value,
+                   table.get("buckets", int, check=lambda v: 2 <= v <= 65_536, what="an integer in [2, 65536]"))
 
     def __post_init__(self) -> None:
         check_params(self.epsilon, self.max_value)
@@ -225,6 +238,17 @@ class LaplaceParams:
 
     kind = "mean"
 
+    #: an example [protocol] table per name this class runs (ldpsim privacy-audit NAME, the conformance tests)
+    examples = {'laplace': {'epsilon': 1.0, 'max_value': 1.0}}
+
+    report_family = "value"  # how run-time attack metrics read the reports (scenarios/attacks.py)
+
+    @classmethod
+    def from_table(cls, name: str, table: "config.Table", ctx: "config.Context") -> "LaplaceParams":
+        """[protocol] keys: epsilon, max_value."""
+        epsilon = config.epsilon(table)
+        return cls(name, epsilon, table.get("max_value", float, check=config.positive, what="> 0"))
+
     def __post_init__(self) -> None:
         check_params(self.epsilon, self.max_value)
 
@@ -309,3 +333,8 @@ class LaplaceCollector(ReportCollector):
 
     def estimate(self, reports: dict[str, np.ndarray]) -> float:
         return float(reports["y"].mean())
+
+
+if TYPE_CHECKING:  # mypy: the descriptor, and through it the device and collector sides, match protocols.base
+    _KFlipParams: type[ProtocolParams] = KFlipParams
+    _LaplaceParams: type[ProtocolParams] = LaplaceParams

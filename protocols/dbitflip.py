@@ -21,19 +21,21 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numba as nb
 import numpy as np
 
+from protocols import config
 from protocols import keyed
 from protocols import likelihood as lik
-from protocols.base import ProtocolError, accepts, check_params
+from protocols.base import ProtocolError, ProtocolParams, accepts, check_params
 from protocols.collecting import Column, ReportCollector
 from protocols.guard import Guarantee, Guard, Limits
 from protocols.keyed import Purpose, stream_key
 from protocols.ledger import Charge
 from protocols.memo import RevealSet, admit_reports, report_charges
-from protocols.messages import CollectionRequest, ReportBatch
+from protocols.messages import CollectionRequest, CollectorMessage, ReportBatch
 from protocols.round_mechanism import NoRoundMechanism, RoundMechanism, product, randomized_response
 from protocols.snapshot import GuardedSnapshot
 from protocols.onebit import epsilon_prime
@@ -89,6 +91,23 @@ class DBitFlipParams:
     gamma: float = 0.0
 
     kind = "histogram"
+
+    #: an example [protocol] table per name this class runs (ldpsim privacy-audit NAME, the conformance tests)
+    examples = {'dbitflip': {'epsilon': 1.0, 'max_value': 1.0, 'buckets': 8, 'bits': 2}, 'dbitflippm': {'epsilon': 1.0, 'max_value': 1.0, 'buckets': 8, 'bits': 2}, 'binflip': {'epsilon': 1.0, 'max_value': 1.0, 'buckets': 8}}
+
+    report_family = "bitflip"  # how run-time attack metrics read the reports (scenarios/attacks.py)
+
+    @classmethod
+    def from_table(cls, name: str, table: "config.Table", ctx: "config.Context") -> "DBitFlipParams":
+        """[protocol] keys: epsilon, max_value, buckets, bits (binflip: all of them), gamma."""
+        epsilon = config.epsilon(table)
+        max_value = table.get("max_value", float, check=config.positive, what="> 0")
+        k = table.get("buckets", int, check=lambda v: 2 <= v <= 65_536, what="an integer in [2, 65536]")
+        d = table.get("bits", int, k if name == BINFLIP else ..., check=lambda v: 1 <= v <= k,
+                      what=f"an integer in [1, buckets = {k}]")
+        if name == BINFLIP and d != k:
+            raise table.fail("bits", f"binflip sends all {k} buckets, got {d}")
+        return cls(name, epsilon, max_value, k, d, table.get("gamma", float, 0.0, **config.GAMMA))
 
     def __post_init__(self) -> None:
         if self.name not in (DBITFLIP, DBITFLIPPM, BINFLIP):
@@ -283,7 +302,7 @@ class DBitFlipDevices(GuardedSnapshot):
                        np.uint64(stream_key(self.seed, Purpose.FLIP, round_)), float(p.gamma), out, inputs)
         return out, inputs
 
-    def respond(self, request: CollectionRequest, day: int, values: np.ndarray, now: float,
+    def respond(self, request: CollectorMessage, day: int, values: np.ndarray, now: float,
                 present: np.ndarray | None = None) -> tuple[ReportBatch | None, list[Charge]]:
         p = self.params
         if values.shape != self.device_ids.shape:
@@ -337,3 +356,7 @@ class DBitFlipCollector(ReportCollector):
 
     def empty_estimate(self) -> np.ndarray:
         return np.full(self.params.buckets, np.nan)
+
+
+if TYPE_CHECKING:  # mypy: the descriptor, and through it the device and collector sides, match protocols.base
+    _DBitFlipParams: type[ProtocolParams] = DBitFlipParams

@@ -10,18 +10,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from protocols import config
 from protocols import keyed
 from protocols import snapshot as snap
-from protocols.base import check_params
+from protocols.base import ProtocolParams, check_params
 from protocols.collecting import Column, ReportCollector
 from protocols.epochs import EpochMeans
 from protocols.guard import Guarantee, Guard, Limits
 from protocols.keyed import Purpose, stream_key
 from protocols.ledger import FRESH_REPORT, Charge
-from protocols.messages import CollectionRequest, ReportBatch
+from protocols.messages import CollectionRequest, CollectorMessage, ReportBatch
 from protocols.onebit import estimate_mean, mean_variance, p_one
 from protocols.round_mechanism import RoundMechanism, randomized_response
 from protocols.wire import bits as wire_bits
@@ -40,6 +42,20 @@ class EpochRRParams:
     max_value: float = 1.0
 
     kind = "epoch"
+
+    collects_bits = True  # a device's daily value is a bit (a Bernoulli counter)
+
+    #: an example [protocol] table per name this class runs (ldpsim privacy-audit NAME, the conformance tests)
+    examples = {'epochrr': {'epsilon': 1.0, 'epoch_length': 1}}
+
+    @classmethod
+    def from_table(cls, name: str, table: "config.Table", ctx: "config.Context") -> "EpochRRParams":
+        """[protocol] keys: epsilon (the total over the run), epoch_length (a divisor of rounds)."""
+        epsilon = config.epsilon(table)
+        rounds = ctx.rounds
+        length = table.get("epoch_length", int, check=lambda v: 1 <= v <= rounds and rounds % v == 0,
+                           what=f"a divisor of rounds ({rounds})")
+        return cls(name, epsilon, length, rounds // length)
 
     def __post_init__(self) -> None:
         check_params(self.epsilon, self.max_value)
@@ -94,7 +110,7 @@ class EpochRRDevices(EpochMeans):
         self.guard.restore(snap.field(state, "guard", dict))
         self.epoch_restore(snap.field(state, "epochs", dict))
 
-    def respond(self, request: CollectionRequest, day: int, values: np.ndarray, now: float,
+    def respond(self, request: CollectorMessage, day: int, values: np.ndarray, now: float,
                 present: np.ndarray | None = None) -> tuple[ReportBatch | None, list[Charge]]:
         p, t = self.params, request.round
         if not isinstance(request, CollectionRequest) or request.protocol != p.name:
@@ -118,3 +134,7 @@ class EpochRRCollector(ReportCollector):
 
     def estimate(self, reports: dict[str, np.ndarray]) -> float:
         return estimate_mean(reports["bit"][:, 0], self.params.epoch_epsilon, 1.0)
+
+
+if TYPE_CHECKING:  # mypy: the descriptor, and through it the device and collector sides, match protocols.base
+    _EpochRRParams: type[ProtocolParams] = EpochRRParams

@@ -43,6 +43,7 @@ class Purpose(enum.IntEnum):
     ESTIMATE = 14  # THRESH estimate, once per epoch
     HOLDOUT = 15  # whether a device belongs to ToPL's holdout, once per device
     DOWNLINK = 16  # loss of a broadcast on its way to one device
+    BEHAVIOR = 1000  # draws of scripted behaviors (agents/behavior.py), kept apart from the protocols' tags
 
 
 def _mix_int(z: int) -> int:

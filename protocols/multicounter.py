@@ -26,12 +26,14 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numba as nb
 import numpy as np
 
+from protocols import config
 from protocols import keyed
-from protocols.base import check_params
+from protocols.base import ProtocolParams, check_params
 from protocols.baselines import FreshDevices
 from protocols.collecting import Column, ReportCollector
 from protocols.guard import Guarantee, Limits
@@ -84,6 +86,17 @@ class MultiParams:
     counters: int
 
     kind = "counters"
+
+    #: an example [protocol] table per name this class runs (ldpsim privacy-audit NAME, the conformance tests)
+    examples = {'1bitmulti': {'epsilon': 1.0, 'max_value': 1.0, 'counters': 3}}
+
+    @classmethod
+    def from_table(cls, name: str, table: "config.Table", ctx: "config.Context") -> "MultiParams":
+        """[protocol] keys: epsilon, max_value, counters (every population group then needs that many apps)."""
+        epsilon = config.epsilon(table)
+        max_value = table.get("max_value", float, check=config.positive, what="> 0")
+        return cls(name, epsilon, max_value,
+                   table.get("counters", int, check=lambda v: 1 <= v <= 64, what="an integer in [1, 64]"))
 
     def __post_init__(self) -> None:
         check_params(self.epsilon, self.max_value)
@@ -163,3 +176,7 @@ class MultiCollector(ReportCollector):
 
     def empty_estimate(self) -> np.ndarray:
         return np.full(self.params.counters, np.nan)
+
+
+if TYPE_CHECKING:  # mypy: the descriptor, and through it the device and collector sides, match protocols.base
+    _MultiParams: type[ProtocolParams] = MultiParams

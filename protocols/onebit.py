@@ -13,19 +13,21 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numba as nb
 import numpy as np
 
+from protocols import config
 from protocols import keyed
 from protocols import likelihood as lik
-from protocols.base import accepts, check_params
+from protocols.base import ProtocolParams, accepts, check_params
 from protocols.collecting import Column, ReportCollector
 from protocols.guard import Guarantee, Guard, Limits
 from protocols.keyed import Purpose, stream_key
 from protocols.ledger import Charge
 from protocols.memo import RevealSet, admit_reports, report_charges
-from protocols.messages import CollectionRequest, ReportBatch
+from protocols.messages import CollectionRequest, CollectorMessage, ReportBatch
 from protocols.round_mechanism import NoRoundMechanism, RoundMechanism, randomized_response
 from protocols.snapshot import GuardedSnapshot
 from protocols.wire import bits as wire_bits
@@ -102,6 +104,23 @@ class OneBitParams:
     granularity: float | None = None
     gamma: float = 0.0
 
+    #: an example [protocol] table per name this class runs (ldpsim privacy-audit NAME, the conformance tests)
+    examples = {'1bitmean': {'epsilon': 1.0, 'max_value': 1.0}, '1bitrrpm': {'epsilon': 1.0, 'max_value': 1.0, 'granularity': 0.25}}
+
+    report_family = "onebit"  # how run-time attack metrics read the reports (scenarios/attacks.py)
+
+    @classmethod
+    def from_table(cls, name: str, table: "config.Table", ctx: "config.Context") -> "OneBitParams":
+        """[protocol] keys: epsilon, max_value, granularity (1bitrrpm; it must divide max_value), gamma."""
+        epsilon = config.epsilon(table)
+        max_value = table.get("max_value", float, check=config.positive, what="> 0")
+        gran = table.get("granularity", float, None if name == NAIVE else ..., check=config.positive, what="> 0")
+        if gran is not None:
+            k = max_value / gran
+            if gran > max_value or abs(k - round(k)) > 1e-9 * k:
+                raise table.fail("granularity", f"{gran:g} must divide protocol.max_value {max_value:g}")
+        return cls(name, epsilon, max_value, gran, table.get("gamma", float, 0.0, **config.GAMMA))
+
     def __post_init__(self) -> None:
         if self.name not in (NAIVE, MEMOIZED):
             raise ValueError(f"protocol.name must be {NAIVE!r} or {MEMOIZED!r}, got {self.name!r}")
@@ -119,9 +138,16 @@ class OneBitParams:
         return self.name == MEMOIZED
 
     @property
+    def step(self) -> float:
+        """The grid step s (``granularity``) of 1bitrrpm; a ValueError for 1bitmean, which has no grid."""
+        if self.granularity is None:
+            raise ValueError(f"{self.name} has no grid (protocol.granularity)")
+        return self.granularity
+
+    @property
     def grid_size(self) -> int:
         """Number of grid values |G| = m/s + 1."""
-        return int(round(self.max_value / self.granularity)) + 1
+        return int(round(self.max_value / self.step)) + 1
 
     @property
     def round_epsilon(self) -> float:
@@ -169,7 +195,7 @@ class OneBitParams:
         if not self.memoized:
             q = lik.sent_one_probability(p_one(x, self.epsilon, self.max_value), self.gamma)
             return (lik.bernoulli_loglik(y, zeros, q)).sum(axis=1)
-        s, top = float(self.granularity), self.grid_size - 1
+        s, top = float(self.step), self.grid_size - 1
         low = np.floor(x / s)
         cuts = (low + 1.0) * s - x  # alpha >= cut rounds x up
         edges = np.unique(np.concatenate(([0.0, s], cuts[(cuts > 0) & (cuts < s)])))
@@ -252,7 +278,7 @@ class OneBitDevices(GuardedSnapshot):
         flip_key = np.uint64(stream_key(self.seed, Purpose.FLIP, round_))
         if p.memoized:
             grid = np.empty(x.shape[0], dtype=np.int64)
-            _memo_kernel(self.device_ids, x, self.alpha, float(p.granularity), float(p.max_value),
+            _memo_kernel(self.device_ids, x, self.alpha, float(p.step), float(p.max_value),
                          p.grid_size - 1, self._p0, self._slope, self._memo_key, flip_key, float(p.gamma),
                          out, grid)
             return out, grid
@@ -261,7 +287,7 @@ class OneBitDevices(GuardedSnapshot):
                       float(p.gamma), out)
         return out, None
 
-    def respond(self, request: CollectionRequest, day: int, values: np.ndarray, now: float,
+    def respond(self, request: CollectorMessage, day: int, values: np.ndarray, now: float,
                 present: np.ndarray | None = None) -> tuple[ReportBatch | None, list[Charge]]:
         """Answer a collection request for the current ``day`` with the devices ``present`` (default all);
         refuse other protocols, other rounds and repeats (privacy is enforced here, whatever the collector
@@ -294,3 +320,7 @@ class OneBitCollector(ReportCollector):
     def estimate(self, reports: dict[str, np.ndarray]) -> float:
         p = self.params
         return estimate_mean(reports["bit"][:, 0], p.epsilon, p.max_value, p.gamma)
+
+
+if TYPE_CHECKING:  # mypy: the descriptor, and through it the device and collector sides, match protocols.base
+    _OneBitParams: type[ProtocolParams] = OneBitParams

@@ -36,19 +36,21 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, overload
 
 import numba as nb
 import numpy as np
 
+from protocols import config
 from protocols import keyed, transcript
 from protocols import snapshot as snap
-from protocols.base import ProtocolError, RoundResult, check_params
+from protocols.base import ProtocolError, ProtocolParams, RoundResult, check_params
 from protocols.collecting import Column, ReportCollector
 from protocols.epochs import EpochMeans
 from protocols.guard import Guarantee, Guard, Limits
 from protocols.keyed import Purpose, stream_key
 from protocols.ledger import Charge
-from protocols.messages import CollectionRequest, Decision, ReportBatch
+from protocols.messages import CollectionRequest, CollectorMessage, Decision, ReportBatch
 from protocols.round_mechanism import NoRoundMechanism
 from protocols.wire import bits as wire_bits
 
@@ -112,6 +114,71 @@ class ThreshParams:
 
     kind = "epoch"
 
+    #: the collector behaviors this protocol implements beyond the common ones (scenarios' [collector] behavior)
+    collector_behaviors = ("always_update",)
+    collects_bits = True  # a device's daily value is a bit (a Bernoulli counter)
+
+    def run_summary(self, rounds: list, spend_by_reason: dict[str, np.ndarray], devices: int) -> dict:
+        """THRESH's part of summary.json: updates, caps and constants. From the ledger: the share of devices
+        that booked a vote reserve (their first data-dependent vote), the share whose estimate cap is reached
+        (K_E truthful estimates), the largest reserve and the largest estimate spend. ``rounds`` are the run's
+        round records (``round``, ``info``)."""
+        zeros = np.zeros(devices)
+        reserve = spend_by_reason.get(THRESH_VOTE_RESERVE, zeros)
+        ce = spend_by_reason.get(THRESH_ESTIMATE, zeros)
+        full = self.estimate_noise * self.estimate_cap_count
+        return {
+            "updates": int(sum(bool(r.info.get("global_update")) for r in rounds)),
+            "update_epochs": [r.round for r in rounds if r.info.get("global_update")],
+            "caps": {"cap": self.cap, "vote_cap_count": self.vote_cap_count,
+                     "estimate_cap_count": self.estimate_cap_count,
+                     "vote_reserve_booked": float(np.mean(reserve > 0)) if reserve.size else 0.0,
+                     "estimate_cap_reached": float(np.mean(ce >= full - 1e-9)) if ce.size else 0.0,
+                     "vote_reserve_max": float(reserve.max(initial=0.0)),
+                     "estimate_spend_max": float(ce.max(initial=0.0))},
+            "thresh": {"a": self.vote_noise, "b": self.estimate_noise, "taus": self.taus.tolist(),
+                       "vote_threshold": self.vote_threshold, "guarantee": float(self.total_epsilon),
+                       "guarantee_derivation": self.guarantee_derivation,
+                       "theorem_4_3_bound": theorem_4_3_bound(self.devices, self.epochs, self.epoch_length,
+                                                              self.delta),
+                       "problems": self.problems()},
+        }
+
+    def broadcast_stages(self, t: int) -> int:
+        """Collector broadcasts in each epoch: the vote request, then the decision (estimates)."""
+        return 2
+
+    #: an example [protocol] table per name this class runs (ldpsim privacy-audit NAME, the conformance tests)
+    examples = {'thresh': {'epsilon': 4.0, 'delta': 0.1, 'epoch_length': 1, 'a': 0.25, 'b': 0.25, 'tau_scale': 0.12}}
+
+    @classmethod
+    def from_table(cls, name: str, table: "config.Table", ctx: "config.Context") -> "ThreshParams":
+        """[protocol] keys: epsilon, delta, epoch_length, a, b, tau_scale, cap_rule, allow_infeasible.
+        Infeasible derived constants are an error naming them, unless a, b or tau_scale are given explicitly
+        (or allow_infeasible = true): then the problems become warnings."""
+        epsilon = config.epsilon(table)
+        rounds = ctx.rounds
+        length = table.get("epoch_length", int, check=lambda v: 1 <= v <= rounds and rounds % v == 0,
+                           what=f"a divisor of rounds ({rounds})")
+        overrides = {k: table.get(k, float, None, check=config.positive, what="> 0") for k in ("a", "b")}
+        tau_scale = table.get("tau_scale", float, None, check=config.positive, what="> 0")
+        params = cls(
+            name, epsilon, table.get("delta", float, 0.1, check=lambda v: 0 < v < 1, what="a number in (0, 1)"),
+            length, rounds // length, ctx.devices, ctx.groups, ctx.smallest_group, overrides["a"],
+            overrides["b"], 1.0 if tau_scale is None else tau_scale,
+            table.get("cap_rule", str, "paper", check=lambda v: v in ("paper", "strict"), what='"paper" or "strict"'),
+            "always_update" if ctx.behavior == "always_update" else "honest")
+        allow = table.get("allow_infeasible", bool, False)
+        problems = params.problems()
+        explicit = allow or tau_scale is not None or any(v is not None for v in overrides.values())
+        if problems and not explicit:
+            raise table.error("protocol: THRESH's derived constants are infeasible for this population:\n  - "
+                              + "\n  - ".join(problems)
+                              + "\nSet protocol.a, protocol.b and/or protocol.tau_scale (or allow_infeasible = "
+                                "true) to run anyway.")
+        params.warnings.extend(problems)
+        return params
+
     def __post_init__(self) -> None:
         check_params(self.epsilon, self.max_value)
         if not 0 < self.delta < 1:
@@ -153,6 +220,12 @@ class ThreshParams:
     @property
     def cap(self) -> float:
         return self.epsilon / 4
+
+    @overload
+    def spendable(self, spent: np.ndarray, step: float) -> np.ndarray: ...
+
+    @overload
+    def spendable(self, spent: float, step: float) -> bool: ...
 
     def spendable(self, spent: np.ndarray | float, step: float) -> np.ndarray | bool:
         """Whether a cap with ``spent`` so far is open for another ``step`` (paper: c < eps/4; strict:
@@ -357,7 +430,7 @@ class ThreshDevices(EpochMeans):
         e = math.exp(a)
         return np.where(yes, e / (e + 1), 1 / (e + 1)), yes
 
-    def respond(self, msg: CollectionRequest | Decision, day: int, values: np.ndarray, now: float,
+    def respond(self, msg: CollectorMessage, day: int, values: np.ndarray, now: float,
                 present: np.ndarray | None = None) -> tuple[ReportBatch | None, list[Charge]]:
         """Votes (on a CollectionRequest) or estimates (on the epoch's Decision) of the devices that observed
         the whole epoch and are present now; anything else is refused and counted as ignored."""
@@ -450,13 +523,12 @@ class ThreshCollector:
         self.stage: _Stage | None = None
         self.epoch = 0
         self.estimate = math.nan  # no estimate before the first global update
-        self.updates: list[int] = []
         self._vote_mean = math.nan
         self._update = False
         self._vote_reports = 0
 
     def snapshot(self, records: bool = True) -> dict:
-        """Both stages' transcripts, the epoch, the carried-forward estimate, the update epochs and the last
+        """Both stages' transcripts, the epoch, the carried-forward estimate and the last
         epoch's decision figures (protocols.snapshot); between epochs, or at the stage boundary right after
         :meth:`advance` (votes closed, the decision made, the estimate stage open and empty: ``open_stage``
         "estimate", restored so; the decision message is :meth:`open_message`)."""
@@ -466,7 +538,7 @@ class ThreshCollector:
         stages = {n: s.stage_snapshot(records, boundary=boundary) for n, s in self.stages()}
         return {"protocol": self.name, "stages": stages, "open_stage": "estimate" if boundary else "",
                 "epoch": self.epoch, "estimate": float(self.estimate),
-                "updates": np.array(self.updates, dtype=np.int64), "vote_mean": float(self._vote_mean),
+                "vote_mean": float(self._vote_mean),
                 "update": bool(self._update), "vote_reports": int(self._vote_reports)}
 
     def restore(self, state: dict) -> None:
@@ -479,7 +551,6 @@ class ThreshCollector:
             s.stage_restore(snap.field(stages, n, dict))
         self.epoch = snap.field(state, "epoch", int)
         self.estimate = snap.field(state, "estimate", float)
-        self.updates = snap.array(state, "updates", np.int64, (None,)).tolist()
         self._vote_mean = snap.field(state, "vote_mean", float)
         self._update = snap.field(state, "update", bool)
         self._vote_reports = snap.field(state, "vote_reports", int)
@@ -511,6 +582,7 @@ class ThreshCollector:
         """At a stage's deadline: after the votes, decide and ask for estimates; after the estimates, done."""
         if self.stage is self.votes:
             res = self.votes.close_round()
+            assert isinstance(res.estimate, float)  # a _Stage's mean bit
             self._vote_mean, self._vote_reports = res.estimate, res.reports
             honest = res.reports > 0 and res.estimate > self._threshold(res.reports)
             self._update = honest or self.params.behavior == "always_update"
@@ -526,9 +598,9 @@ class ThreshCollector:
 
     def close_round(self) -> RoundResult:
         res = self.estimates.close_round()
+        assert isinstance(res.estimate, float)  # a _Stage's mean bit
         self.stage = None
         if self._update:
-            self.updates.append(self.epoch)
             e = math.exp(self.params.estimate_noise)
             if res.reports:
                 self.estimate = (res.estimate * (e + 1) - 1) / (e - 1)
@@ -543,3 +615,7 @@ class ThreshCollector:
     def transcript_digest(self) -> str:
         """The canonical digest of both stages (protocols.transcript)."""
         return transcript.digest(self.stages())
+
+
+if TYPE_CHECKING:  # mypy: the descriptor, and through it the device and collector sides, match protocols.base
+    _ThreshParams: type[ProtocolParams] = ThreshParams

@@ -20,19 +20,21 @@ per time step, r = 1). Candidates are the EM domain's bin edges. Each report is 
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING, Callable
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
+from protocols import config
 from protocols import keyed, numeric, transcript
 from protocols import snapshot as snap
-from protocols.base import ProtocolError, RoundResult, check_params
+from protocols.base import ProtocolError, ProtocolParams, RoundResult, check_params
 from protocols.collecting import Column, ReportCollector
 from protocols.guard import Guarantee, Guard, Limits
 from protocols.keyed import Purpose, stream_key
 from protocols.ledger import Charge
-from protocols.messages import CollectionRequest, ReportBatch, Threshold
+from protocols.messages import CollectionRequest, CollectorMessage, ReportBatch, Threshold
 from protocols.round_mechanism import DiscretePair, RoundMechanism, upper_envelope
 
 TOPL = "topl"
@@ -126,6 +128,53 @@ class ToplParams:
 
     kind = "stream"
 
+    def run_summary(self, rounds: list, spend_by_reason: dict[str, np.ndarray], devices: int) -> dict:
+        """ToPL's part of summary.json: the thresholds chosen, each beside the oracle's (from the true values),
+        and the event-level accounting. ``rounds`` are the run's round records (``round``, ``info``)."""
+        return {
+            "threshold": [{"round": r.round, "theta": r.info.get("theta"), "oracle_theta": r.info["oracle_theta"]}
+                          for r in rounds if "oracle_theta" in r.info],
+        "event_level": {"epsilon_per_report": self.epsilon, "threshold_epsilon": self.threshold_epsilon,
+                        "cumulative_per_device": "see epsilon: each report is charged its epsilon"}}
+
+    def before_collect(self, t: int, values: "Callable[[], np.ndarray]", collector: "ToplCollector") -> dict:
+        """Round t's reference figures from the true values (not seen by the protocol): in a threshold round the
+        oracle's theta, the threshold the optimizer would choose from the true value distribution; with method
+        "oracle" the collector is handed the values to choose it from."""
+        if not self.threshold_round(t):
+            return {}
+        x = values()
+        if self.method == "oracle":
+            collector.oracle_values = x.copy()
+        dens = np.histogram(x, bins=self.bins, range=(0, self.max_value))[0].astype(np.float64)
+        return {"oracle_theta": choose_threshold(dens, self.max_value, self.epsilon, self.rounds, self.devices)}
+
+    def broadcast_stages(self, t: int) -> int:
+        """Collector broadcasts in round t: a threshold round has the holdout's request, then the threshold."""
+        return 2 if self.threshold_round(t) else 1
+
+    #: an example [protocol] table per name this class runs (ldpsim privacy-audit NAME, the conformance tests)
+    examples = {'topl': {'epsilon': 1.0, 'threshold_epsilon': 1.0, 'max_value': 1.0, 'holdout': 0.05, 'rethreshold_every': 0, 'method': 'sw-w'}}
+
+    @classmethod
+    def from_table(cls, name: str, table: "config.Table", ctx: "config.Context") -> "ToplParams":
+        """[protocol] keys: epsilon, threshold_epsilon, max_value, holdout, rethreshold_every, rethreshold_at,
+        method, bins."""
+        epsilon = config.epsilon(table)
+        max_value = table.get("max_value", float, check=config.positive, what="> 0")
+        share = config.holdout_share(table, ctx.devices)
+        rounds = ctx.rounds
+        on_demand = table.get("rethreshold_at", list, [], check=lambda v: all(
+            isinstance(r, int) and not isinstance(r, bool) and 1 <= r <= rounds for r in v),
+            what=f"an array of rounds in [1, {rounds}]")
+        return cls(
+            name, epsilon, config.epsilon(table, "threshold_epsilon", epsilon), max_value, share,
+            table.get("rethreshold_every", int, 0, check=lambda v: v >= 0, what="an integer >= 0 (0: never)"),
+            rounds, ctx.devices,
+            table.get("method", str, "sw-w", check=lambda v: v in METHODS, what=f"one of {list(METHODS)}"),
+            table.get("bins", int, 1024, check=lambda v: 16 <= v <= 4096, what="an integer in [16, 4096]"),
+            tuple(sorted(set(on_demand))))
+
     def __post_init__(self) -> None:
         check_params(self.epsilon, self.max_value)
         check_params(self.threshold_epsilon, self.max_value)
@@ -206,14 +255,13 @@ class ToplDevices:
         self.guard = Guard(self.device_ids, limits)
         self.theta = np.zeros(n)  # latest theta received (0: none)
         self.version = np.zeros(n, dtype=np.int64)
-        self.from_round = np.zeros(n, dtype=np.int64)
         self.last_round = np.zeros(n, dtype=np.int64)  # last round each device reported
 
-    _ARRAYS = ("theta", "version", "from_round", "last_round")
+    _ARRAYS = ("theta", "version", "last_round")
 
     def snapshot(self) -> dict:
-        """The guard and, per device, the theta it holds, its version, the round it applies from and the last
-        round it reported (protocols.snapshot)."""
+        """The guard and, per device, the theta it holds, its version and the last round it reported
+        (protocols.snapshot)."""
         return {**snap.header(self), "guard": self.guard.snapshot(),
                 **{k: getattr(self, k).copy() for k in self._ARRAYS}}
 
@@ -250,7 +298,7 @@ class ToplDevices:
         return (ReportBatch(r, p.name, sel.astype(np.uint32), cols),
                 [self.guard.charge(r, now, EVENT_REPORT, eps, idx)])
 
-    def respond(self, msg: CollectionRequest | Threshold, day: int, values: np.ndarray, now: float,
+    def respond(self, msg: CollectorMessage, day: int, values: np.ndarray, now: float,
                 present: np.ndarray | None = None) -> tuple[ReportBatch | None, list[Charge]]:
         """Answer the current round inside the horizon. A threshold is taken only in a threshold round, under
         that round's version (:meth:`ToplParams.threshold_version`), plausible, and newer than the device's;
@@ -272,7 +320,7 @@ class ToplDevices:
             if not newer.any():
                 self.guard.ignore()
                 return None, []
-            self.theta[newer], self.version[newer], self.from_round[newer] = msg.theta, msg.version, msg.round
+            self.theta[newer], self.version[newer] = msg.theta, msg.version
             return self._report(r, newer & ~holdout, values, now, holdout_stage=False)
         if p.threshold_round(r):
             return self._report(r, here & holdout, values, now, holdout_stage=True)
@@ -305,8 +353,8 @@ class ToplCollector:
         self.history: list[tuple[int, float]] = []  # (round, theta chosen)
         self.oracle_values: np.ndarray | None = None  # method "oracle": the round's true values (reference)
         self._m: np.ndarray | None = None
-        self.round, self.stage = 0, None
-        self.densities: list[np.ndarray] = []
+        self.round = 0
+        self.stage: _Stage | None = None
         self._holdout_reports = 0
         self.pinned: dict[int, float] = {}  # version -> theta already broadcast (by an earlier instance)
 
@@ -319,7 +367,7 @@ class ToplCollector:
         self.pinned[int(version)] = float(theta)
 
     def snapshot(self, records: bool = True) -> dict:
-        """Both stages' transcripts, the thetas by version, the threshold history and densities, the pinned
+        """Both stages' transcripts, the thetas by version, the threshold history, the pinned
         thetas and the round (protocols.snapshot); between rounds, or at the stage boundary right after
         :meth:`advance` (holdout closed, the threshold chosen, the report stage open and empty: ``open_stage``
         "report", restored so; the threshold message is :meth:`open_message`)."""
@@ -334,8 +382,6 @@ class ToplCollector:
                 "thetas": np.array([self.thetas[v] for v in versions], dtype=np.float64),
                 "history_rounds": np.array([r for r, _ in self.history], dtype=np.int64),
                 "history_thetas": np.array([t for _, t in self.history], dtype=np.float64),
-                "densities": (np.stack(self.densities) if self.densities
-                              else np.empty((0, self.params.bins), dtype=np.float64)),
                 "pinned_versions": np.array(sorted(self.pinned), dtype=np.int64),
                 "pinned_thetas": np.array([self.pinned[v] for v in sorted(self.pinned)], dtype=np.float64),
                 "holdout_reports": int(self._holdout_reports)}
@@ -357,7 +403,6 @@ class ToplCollector:
         self.thetas = dict(zip(versions.tolist(), thetas.tolist()))
         history = snap.array(state, "history_thetas", np.float64, rounds.shape)
         self.history = list(zip(rounds.tolist(), history.tolist()))
-        self.densities = list(snap.array(state, "densities", np.float64, (None, self.params.bins)).copy())
         self.pinned = dict(zip(pinned.tolist(), snap.array(state, "pinned_thetas", np.float64, pinned.shape).tolist()))
         self.round = snap.field(state, "round", int)
         self._holdout_reports = snap.field(state, "holdout_reports", int)
@@ -409,6 +454,7 @@ class ToplCollector:
             return None
         p = self.params
         res = self.holdout.close_round()
+        assert isinstance(res.estimate, dict)  # a _Stage's reports by column
         self._holdout_reports = res.reports
         if p.method == "oracle" and self.oracle_values is not None:
             dens = np.histogram(self.oracle_values, bins=p.bins, range=(0, p.max_value))[0].astype(np.float64)
@@ -416,7 +462,6 @@ class ToplCollector:
             dens = self.density(res.estimate["s"])
         else:
             dens = np.ones(p.bins)
-        self.densities.append(dens / dens.sum())
         version = len(self.thetas) + 1
         theta = self.pinned.get(version)
         if theta is None:
@@ -429,6 +474,7 @@ class ToplCollector:
 
     def close_round(self) -> RoundResult:
         res = self.reports.close_round()
+        assert isinstance(res.estimate, dict)  # a _Stage's reports by column
         self.stage = None
         y, v = res.estimate["y"], res.estimate["v"].astype(np.int64)
         if res.reports:
@@ -449,3 +495,7 @@ class ToplCollector:
     def transcript_digest(self) -> str:
         """The canonical digest of both stages (protocols.transcript)."""
         return transcript.digest(self.stages())
+
+
+if TYPE_CHECKING:  # mypy: the descriptor, and through it the device and collector sides, match protocols.base
+    _ToplParams: type[ProtocolParams] = ToplParams

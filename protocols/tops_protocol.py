@@ -14,16 +14,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from protocols import config
 from protocols import keyed
-from protocols.base import RoundResult, check_params
+from protocols.base import ProtocolParams, RoundResult, check_params
 from protocols.collecting import Column, ReportCollector
 from protocols.guard import Guarantee, Guard, Limits
 from protocols.keyed import Purpose, stream_key
 from protocols.ledger import Charge
-from protocols.messages import CollectionRequest, ReportBatch
+from protocols.messages import CollectionRequest, CollectorMessage, ReportBatch
 from protocols.round_mechanism import NoRoundMechanism
 from protocols.snapshot import GuardedSnapshot
 from protocols.tops import ToPS
@@ -46,6 +48,27 @@ class TopsParams:
 
     kind = "stream"
     method = "tops"
+
+    def run_summary(self, rounds: list, spend_by_reason: dict[str, np.ndarray], devices: int) -> dict:
+        """ToPS's part of summary.json: the threshold released in round 1 and the accounting."""
+        return {"threshold": [{"round": 1, "theta": rounds[0].info.get("theta")}] if rounds else [],
+        "event_level": {"epsilon_per_report": self.epsilon, "threshold_epsilon": self.threshold_epsilon,
+                        "cumulative_per_device": "see epsilon: each report is charged its epsilon"}}
+
+    #: the trust model: devices hand raw values to a trusted curator (central DP); a device's transcript is
+    #: not private on its own, so local audits (scenarios/privacy_audit.py) do not apply
+    central = True
+
+    #: an example [protocol] table per name this class runs (ldpsim privacy-audit NAME, the conformance tests)
+    examples = {'tops': {'epsilon': 1.0, 'threshold_epsilon': 1.0, 'max_value': 1.0, 'holdout': 0.05}}
+
+    @classmethod
+    def from_table(cls, name: str, table: "config.Table", ctx: "config.Context") -> "TopsParams":
+        """[protocol] keys: epsilon, threshold_epsilon, max_value, holdout."""
+        epsilon = config.epsilon(table)
+        max_value = table.get("max_value", float, check=config.positive, what="> 0")
+        return cls(name, epsilon, config.epsilon(table, "threshold_epsilon", epsilon), max_value,
+                   config.holdout_share(table, ctx.devices), ctx.rounds, ctx.devices, ctx.seed)
 
     def __post_init__(self) -> None:
         check_params(self.epsilon, self.max_value)
@@ -101,7 +124,7 @@ class TopsDevices(GuardedSnapshot):
         self.device_ids = np.ascontiguousarray(device_ids, dtype=np.uint64)
         self.guard = Guard(self.device_ids, limits)
 
-    def respond(self, msg: CollectionRequest, day: int, values: np.ndarray, now: float,
+    def respond(self, msg: CollectorMessage, day: int, values: np.ndarray, now: float,
                 present: np.ndarray | None = None) -> tuple[ReportBatch | None, list[Charge]]:
         p = self.params
         if not isinstance(msg, CollectionRequest) or msg.protocol != p.name:
@@ -155,7 +178,9 @@ class TopsCollector(ReportCollector):
             hold = in_holdout(self.params, self._present_ids.astype(np.uint64))
             self._choose_threshold(x[hold])
             x = x[~hold]
-        released = self.tops.add(float(np.minimum(x, self.tops.threshold).sum()), clip=False)
+        theta = self.tops.threshold
+        assert theta is not None  # chosen in round 1, above
+        released = self.tops.add(float(np.minimum(x, theta).sum()), clip=False)
         return released * self.n_devices / x.size if x.size else math.nan  # no report: no estimate
 
     def _choose_threshold(self, holdout: np.ndarray) -> None:
@@ -178,3 +203,7 @@ class TopsCollector(ReportCollector):
             self.tops.add(0.0, clip=False)
         return RoundResult(res.round, res.estimate, res.reports,
                            info={"theta": self.tops.threshold if self.tops.threshold is not None else math.nan})
+
+
+if TYPE_CHECKING:  # mypy: the descriptor, and through it the device and collector sides, match protocols.base
+    _TopsParams: type[ProtocolParams] = TopsParams

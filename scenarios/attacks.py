@@ -32,9 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from protocols.baselines import LAPLACE
-from protocols.dbitflip import BINFLIP, DBITFLIP, DBITFLIPPM, bucket_of
-from protocols.onebit import MEMOIZED, NAIVE, p_one
+from protocols.dbitflip import bucket_of
+from protocols.onebit import p_one
 
 if TYPE_CHECKING:
     from agents.world import World
@@ -44,8 +43,11 @@ CSV = "attacks.csv"
 PNG = "attacks.png"
 CSV_HEADER = ("metric", "round", "x", "value", "devices", "theory")
 #: which report model reads each protocol's reports (see :class:`ReportModel`)
-FAMILIES = {NAIVE: "onebit", MEMOIZED: "onebit", DBITFLIP: "bitflip", DBITFLIPPM: "bitflip", BINFLIP: "bitflip",
-            LAPLACE: "value"}
+def family(params: Any) -> str | None:
+    """How the attacks read a protocol's reports, as its parameter class declares (``report_family``):
+    "onebit" (one debiasable bit about the value), "bitflip" (d bits about sampled buckets J), "value" (the
+    value plus noise); None: the attacks do not read them."""
+    return getattr(params, "report_family", None)
 _WHY_NOT = {
     "counters": "several counters per report (1bitmulti): the attacks here read one value per device and round",
     "epoch": "reports are about epoch means and global updates (THRESH, epochrr), not one value per round",
@@ -56,7 +58,7 @@ _WHY_NOT = {
 
 def not_applicable(params: Any) -> str | None:
     """None when the attacks read this protocol's reports; otherwise why they do not."""
-    if params.name in FAMILIES:
+    if family(params) is not None:
         return None
     return _WHY_NOT.get(params.kind, f"{params.name} sends one randomized bucket a round: no per-device estimator "
                                      "is implemented for it")
@@ -81,7 +83,7 @@ class ReportModel:
 
     @classmethod
     def of(cls, params: Any) -> "ReportModel":
-        return cls(FAMILIES[params.name], bool(getattr(params, "memoized", False)), float(params.epsilon),
+        return cls(family(params), bool(getattr(params, "memoized", False)), float(params.epsilon),
                    float(getattr(params, "gamma", 0.0)), float(params.max_value), int(getattr(params, "buckets", 0)))
 
     @property
@@ -688,7 +690,7 @@ def _patterns(report: AttackReport, canon: np.ndarray, rounds: np.ndarray, sc: A
                                "support_shares": s_counts / n, "rounds": rounds, "alone": pats.alone}
     p = sc.protocol
     inputs = (f"grid values of s = {p.granularity:g} by the device's own alpha-point rounding"
-              if FAMILIES[p.name] == "onebit" else
+              if family(p) == "onebit" else
               f"memo input s = position of the value's bucket in J plus one, or 0 (k = {p.buckets}, d = {p.bits})")
     return {
         "applies": True,

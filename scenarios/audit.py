@@ -245,12 +245,10 @@ def choose_devices(n: int, seed: int, wanted: int | str | None) -> tuple[np.ndar
 
 # ------------------------------------------------------------------------------------------- schedule
 def _stages(params: Any, t: int) -> int:
-    """Broadcast stages of collection t (THRESH: votes, estimates; ToPL threshold rounds: holdout, reports)."""
-    if params.name == "thresh":
-        return 2
-    if params.name == "topl" and params.threshold_round(t):
-        return 2
-    return 1
+    """Broadcast stages of collection t: the protocol's ``broadcast_stages(t)`` (e.g. a vote then estimates),
+    else 1."""
+    hook = getattr(params, "broadcast_stages", None)
+    return 1 if hook is None else int(hook(t))
 
 
 def world_days(sc: Scenario, times: Sequence[float]) -> tuple[list[int], int]:
@@ -341,7 +339,7 @@ def replay(files: RunFiles, ids: np.ndarray, progress: bool = False) -> Replay:
         by_day[d].append(k)
     meta = {s["name"]: {c["name"]: (c["dtype"], int(c["width"])) for c in s["columns"]}
             for s in tables.transcript_meta(files.transcript)["stages"]}
-    stages = {s: StageReports(meta.get(s, {})) for s in reference.stages_of(p.name)}
+    stages = {s: StageReports(meta.get(s, {})) for s in reference.stages_of(p)}
     ch_dev, ch_round, ch_reason, ch_amount = array("q"), array("q"), array("q"), array("d")
     reasons: dict[str, int] = {}
     time_left = np.array([m.deadline - (t + net.latency) for m, t in zip(files.downlink, files.times)])

@@ -271,6 +271,23 @@ def cmd_privacy_audit(args: argparse.Namespace) -> int:
                               args.set, args.quiet)
 
 
+def cmd_protocols(args: argparse.Namespace) -> int:
+    """List the registered protocols: built-in, then installed plugins (entry point group ldpsim.protocols)."""
+    from protocols import registry
+
+    rows = [{"name": r.name, "source": r.source, "class": f"{r.params.__module__}:{r.params.__qualname__}",
+             "summary": r.summary} for r in registry.available()]
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    width = max(len(r["name"]) for r in rows)
+    for r in rows:
+        print(f"{r['name']:<{width}}  {r['source']:<10}  {r['summary']}")
+    print(f"\n{len(rows)} protocols. A scenario's [protocol] name may also be module:Class (an importable "
+          f"parameter class); plugins register under the entry point group {registry.ENTRY_POINT_GROUP!r}.")
+    return 0
+
+
 def _int_arg(flag: str, text: str) -> int:
     try:
         return int(text.replace("_", ""))
@@ -400,6 +417,10 @@ def parser() -> argparse.ArgumentParser:
                          "replaces RUN_DIR's ledger")
     au.add_argument("--json", action="store_true", help="print audit.json (and no progress bar)")
     au.set_defaults(func=cmd_audit)
+
+    pr = sub.add_parser("protocols", help="list the registered protocols (built-in and installed plugins)")
+    pr.add_argument("--json", action="store_true", help="print them as a JSON list")
+    pr.set_defaults(func=cmd_protocols)
 
     pa = sub.add_parser(
         "privacy-audit", help="measure empirical epsilon lower bounds on canary devices",

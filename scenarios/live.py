@@ -49,10 +49,10 @@ class _Network:
 
 def build_server(sc: Scenario, ledger: Ledger, events: TextIO | None, settings: LiveSettings
                  ) -> tuple[LiveCollector, RoundBook, NominalClock]:
-    spill.install()
     clock = NominalClock()
     log = _event_logger(events, clock).bind(run=sc.name, seed=sc.seed, runtime="live")
     protocol = sc.protocol.make_collector(sc.devices)
+    spill.attach(protocol)  # large non-bit transcripts go to a temporary directory, not RAM
     world = World(sc.seed, sc.devices, sc.groups, sc.changes, sc.protocol.max_value)
     book = RoundBook(sc, world, ledger, protocol, log)
     length = book.epoch_length
@@ -147,11 +147,6 @@ def live_result(sc: Scenario, server: LiveCollector, book: RoundBook, ledger: Le
     return RunResult(sc, book.records, ledger, book.world, server, network, server.protocol.transcript_digest(),
                      wall, 0, extra={"dropped_connections": server.dropped, "runtime": "live",
                                      "live": server.live_summary()}, true_values=book.true_values)
-
-
-def run_live(sc: Scenario, connections: int = 2, events: TextIO | None = None,
-             settings: LiveSettings | None = None) -> RunResult:
-    return asyncio.run(run_embedded(sc, connections, events, settings))
 
 
 async def serve(sc: Scenario, host: str, port: int, events: TextIO | None = None,

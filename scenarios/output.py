@@ -88,38 +88,6 @@ def spend_by_reason(result: RunResult) -> dict[str, np.ndarray]:
     return out
 
 
-def _thresh_summary(result: RunResult) -> dict:
-    """THRESH's updates, caps and constants. From the ledger: the share of devices that booked a vote reserve
-    (their first data-dependent vote; protocols/thresh.py), the share whose estimate cap is reached (K_E
-    truthful estimates), the largest reserve and the largest estimate spend."""
-    from protocols.thresh import THRESH_ESTIMATE, THRESH_VOTE_RESERVE
-
-    p = result.scenario.protocol
-    by = spend_by_reason(result)
-    zeros = np.zeros(result.scenario.devices)
-    reserve, ce = by.get(THRESH_VOTE_RESERVE, zeros), by.get(THRESH_ESTIMATE, zeros)
-    full = p.estimate_noise * p.estimate_cap_count
-    return {
-        "updates": int(sum(bool(r.info.get("global_update")) for r in result.rounds)),
-        "update_epochs": [r.round for r in result.rounds if r.info.get("global_update")],
-        "caps": {"cap": p.cap, "vote_cap_count": p.vote_cap_count, "estimate_cap_count": p.estimate_cap_count,
-                 "vote_reserve_booked": float(np.mean(reserve > 0)) if reserve.size else 0.0,
-                 "estimate_cap_reached": float(np.mean(ce >= full - 1e-9)) if ce.size else 0.0,
-                 "vote_reserve_max": float(reserve.max(initial=0.0)),
-                 "estimate_spend_max": float(ce.max(initial=0.0))},
-        "thresh": {"a": p.vote_noise, "b": p.estimate_noise, "taus": p.taus.tolist(),
-                   "vote_threshold": p.vote_threshold, "guarantee": float(p.total_epsilon),
-                   "guarantee_derivation": p.guarantee_derivation,
-                   "theorem_4_3_bound": _theorem_bound(p), "problems": p.problems()},
-    }
-
-
-def _theorem_bound(p) -> float:
-    from protocols.thresh import theorem_4_3_bound
-
-    return theorem_4_3_bound(p.devices, p.epochs, p.epoch_length, p.delta)
-
-
 RANGE_QUERIES = 1000
 
 
@@ -130,24 +98,24 @@ def _range_errors(sc, truth: np.ndarray, est: np.ndarray) -> dict:
 
 
 def _stream_summary(result: RunResult, truth: np.ndarray, est: np.ndarray) -> dict:
-    """ToPL: thresholds chosen (and the oracle's), and the MSE of random range-sum queries."""
+    """Streams (kind "stream"): the MSE of random range-sum queries beside the all-zero baseline."""
     sc = result.scenario
     queries = range_queries(sc.rounds, RANGE_QUERIES, sc.seed)
-    if sc.protocol.name == "tops":
-        thresholds = [{"round": 1, "theta": result.rounds[0].info.get("theta")}] if result.rounds else []
-    else:
-        thresholds = [{"round": r.round, "theta": r.info.get("theta"), "oracle_theta": r.info["oracle_theta"]}
-                      for r in result.rounds if "oracle_theta" in r.info]
     return {
-        "threshold": thresholds,
         "range_mse": range_mse(truth, est, queries),
         "range_mse_zero_baseline": range_mse(truth, np.zeros_like(truth), queries),
         "range_queries": {"count": RANGE_QUERIES, "over": f"rounds 1..{sc.rounds}",
                           "endpoints": "uniform, sorted (keyed by the seed)", "answer": "sum of per-round sums"},
-        "event_level": {"epsilon_per_report": sc.protocol.epsilon,
-                        "threshold_epsilon": sc.protocol.threshold_epsilon,
-                        "cumulative_per_device": "see epsilon: each report is charged its epsilon"},
     }
+
+
+def protocol_summary(result: RunResult) -> dict:
+    """The protocol's own part of summary.json (its ``run_summary(rounds, spend_by_reason, devices)``), if
+    it has one."""
+    hook = getattr(result.scenario.protocol, "run_summary", None)
+    if hook is None:
+        return {}
+    return hook(result.rounds, spend_by_reason(result), result.scenario.devices)
 
 
 def write_downlink(result: RunResult, out: Path) -> None:
@@ -245,7 +213,7 @@ def summary(result: RunResult) -> dict:
                     "lost": traffic.reports_lost,
                     "accepted": stats.reports_accepted},
         "clipped_values": int(sum(r.clipped for r in recs)),
-        **(_thresh_summary(result) if sc.protocol.name == "thresh" else {}),
+        **protocol_summary(result),
         **(_stream_summary(result, truth, est) if sc.protocol.kind == "stream" else {}),
         "digests": {"transcript": result.transcript_digest, "ledger": result.ledger.digest(),
                     "estimates": _sha256_bytes(np.array([r.round for r in recs], "<i8"), est.astype("<f8"))},

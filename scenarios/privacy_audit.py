@@ -49,26 +49,20 @@ CALIBRATION = 0.2  # share of each input's canaries that chooses the test's thre
 CHUNK = 65_536  # canaries whose transcripts are decoded at once
 MAX_CANDIDATES = 4_096  # thresholds tried on the calibration split
 BINS = 32  # quantile bins of a real-valued report field (empirical test)
-CENTRAL = ("tops",)  # central-model protocols: a device's report is its raw value, nothing to audit locally
 
-#: the [protocol] table an audit uses when given a protocol name (epsilon 1 unless the protocol's own
-#: accounting needs more: THRESH's caps at eps/4 must allow a few noisy votes and estimates)
-DEFAULT_TABLES: dict[str, dict[str, Any]] = {
-    "1bitmean": {"epsilon": 1.0, "max_value": 1.0},
-    "1bitrrpm": {"epsilon": 1.0, "max_value": 1.0, "granularity": 0.25},
-    "dbitflip": {"epsilon": 1.0, "max_value": 1.0, "buckets": 8, "bits": 2},
-    "dbitflippm": {"epsilon": 1.0, "max_value": 1.0, "buckets": 8, "bits": 2},
-    "binflip": {"epsilon": 1.0, "max_value": 1.0, "buckets": 8},
-    "kflip": {"epsilon": 1.0, "max_value": 1.0, "buckets": 8},
-    "laplace": {"epsilon": 1.0, "max_value": 1.0},
-    "1bitmulti": {"epsilon": 1.0, "max_value": 1.0, "counters": 3},
-    "thresh": {"epsilon": 4.0, "delta": 0.1, "epoch_length": 1, "a": 0.25, "b": 0.25, "tau_scale": 0.12},
-    "epochrr": {"epsilon": 1.0, "epoch_length": 1},
-    "topl": {"epsilon": 1.0, "threshold_epsilon": 1.0, "max_value": 1.0, "holdout": 0.05,
-             "rethreshold_every": 0, "method": "sw-w"},
-    "tops": {"epsilon": 1.0, "threshold_epsilon": 1.0, "max_value": 1.0, "holdout": 0.05},
-}
-EPOCH_KINDS = ("epoch",)  # protocols whose values are daily bits (a Bernoulli level of 0 or 1 is a fixed bit)
+def default_table(name: str) -> dict[str, Any] | None:
+    """The [protocol] table an audit uses when given a protocol name: the example its parameter class gives
+    (``examples``; epsilon 1 unless the protocol's own accounting needs more), or None."""
+    from protocols import registry
+
+    try:
+        cls = registry.lookup(name).params
+    except registry.RegistryError:
+        return None
+    table = getattr(cls, "examples", {}).get(name)
+    return None if table is None else {"name": name, **table}
+
+
 
 
 # ------------------------------------------------------------------------------------------------ games
@@ -118,19 +112,23 @@ def canary_scenario(table: dict[str, Any], game: Game, trials: int, seed: int,
                     overrides: Sequence[str] = ()) -> Scenario:
     """The scenario that runs ``trials`` canaries per input: group ``input0`` (ids 0..N-1) and ``input1``
     (N..2N-1), each starting at its input's first value, with scripted changes for its later steps."""
+    from protocols import registry
+
     name = table["name"]
-    epoch = int(table.get("epoch_length", 1)) if name in ("thresh", "epochrr") else 1
-    counters = int(table.get("counters", 0)) if name == "1bitmulti" else 0
+    cls = registry.lookup(name).params
+    bits = bool(getattr(cls, "collects_bits", False))  # daily bits: a Bernoulli level of 0 or 1 is a fixed bit
+    epoch = int(table.get("epoch_length", 1))
+    counters = int(table.get("counters", 0))
 
     def counter(frac: float) -> dict[str, Any]:
-        if name in ("thresh", "epochrr"):
+        if bits:
             return {"dist": "bernoulli", "p": frac}
         return {"dist": "constant", "value": frac * float(table.get("max_value", 1.0))}
 
     groups, changes = [], []
     for which, steps in ((0, game.input0), (1, game.input1)):
         group: dict[str, Any] = {"name": f"input{which}", "share": 0.5, "counter": counter(steps[0][1])}
-        if counters:  # 1bitmulti: the whole value in the first counter (weights must be positive)
+        if counters:  # several counters: the whole value in the first one (weights must be positive)
             group["apps"] = [1.0] + [1e-12] * (counters - 1)
         groups.append(group)
         changes += [{"round": (start - 1) * epoch + 1, "group": f"input{which}", "counter": counter(frac)}
@@ -140,7 +138,7 @@ def canary_scenario(table: dict[str, Any], game: Game, trials: int, seed: int,
         "population": {"devices": 2 * trials, "groups": groups}, "changes": changes,
         "protocol": dict(table), "simulation": {"cohort_size": min(2 * trials, 262_144)},
     }
-    if name == "thresh":
+    if "always_update" in getattr(cls, "collector_behaviors", ()):  # the worst case of a voting protocol
         data["collector"] = {"behavior": "always_update"}
     data = schema.apply_overrides(data, list(overrides))
     if _has_analysis():
@@ -477,6 +475,14 @@ def audit_game(table: dict[str, Any], game: Game, trials: int, seed: int = 1,
                       "ledger_max": ledger_max})
 
 
+def is_central(name: str) -> bool:
+    """Whether the protocol is a central-model one (``central`` on its parameter class): a device's report is
+    its raw value, and there is nothing to audit locally."""
+    from protocols import registry
+
+    return bool(getattr(registry.lookup(name).params, "central", False))
+
+
 def central_row(name: str, game: Game) -> Row:
     return Row(name, game.name, game.collections, None, "", None, None, None, None, None, None, None, None, 0, 0,
                "not audited", "honest", 0.0, None,
@@ -485,10 +491,11 @@ def central_row(name: str, game: Game) -> Row:
 
 
 def protocol_table(target: str) -> tuple[dict[str, Any], int]:
-    """The [protocol] table and seed an audit of ``target`` uses: a protocol name (DEFAULT_TABLES), or a
+    """The [protocol] table and seed an audit of ``target`` uses: a protocol name (its parameter class's example table), or a
     scenario file or shipped name whose [protocol] table (and seed) is taken as it is."""
-    if target in DEFAULT_TABLES:
-        return {"name": target, **DEFAULT_TABLES[target]}, 1
+    table = default_table(target)
+    if table is not None:
+        return table, 1
     _, data = schema.read(target)
     table = data.get("protocol")
     if not isinstance(table, dict) or "name" not in table:
@@ -507,7 +514,7 @@ def audit(target: str, trials: int, rounds: int, seed: int | None = None, overri
         for game in games(rounds):
             if progress is not None:
                 progress(f"{table['name']}: {game.name} ({game.collections} rounds, {trials:,} canaries per input)")
-            if table["name"] in CENTRAL:
+            if is_central(table["name"]):
                 rows.append(central_row(table["name"], game))
                 continue
             rows.append(audit_game(table, game, trials, default_seed if seed is None else seed, overrides))
@@ -608,11 +615,11 @@ def main(target: str, trials: int, rounds: int, as_json: bool, out: str | None, 
         raise ScenarioError(f"--trials {trials}: at least 10 canaries per input are needed")
     if not 1 <= rounds <= 10_000:
         raise ScenarioError(f"--rounds {rounds}: must be in [1, 10000]")
-    if target != "all" and target not in DEFAULT_TABLES:
+    if target != "all" and default_table(target) is None:
         try:
             schema.resolve_path(target)
         except ScenarioError:
-            raise ScenarioError(f"{target!r} is neither a protocol ({', '.join(DEFAULT_TABLES)}), nor 'all', "
+            raise ScenarioError(f"{target!r} is neither a protocol ({', '.join(PROTOCOLS)}), nor 'all', "
                                 f"nor a scenario file or shipped scenario name") from None
     say = None if (as_json or quiet) else (lambda msg: print(f"auditing {msg}", file=sys.stderr, flush=True))
     rows = audit(target, trials, rounds, seed, overrides, say)

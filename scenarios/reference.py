@@ -691,15 +691,24 @@ MODELS: dict[str, type[ReferenceDevice]] = {
 }
 
 
-def reference_device(params: Any, seed: int, device_id: int, limits: Any = None) -> ReferenceDevice:
-    """The reference model of one device of ``params.name``'s protocol."""
+def _model(params: Any) -> Any:
+    """The reference model class of ``params``: its own ``reference_model`` (a plugin protocol brings one,
+    written against this module's ReferenceDevice), else the built-in one of its name."""
+    own = getattr(params, "reference_model", None)
+    if own is not None:
+        return own
     try:
-        model = MODELS[params.name]
+        return MODELS[params.name]
     except KeyError:
-        raise ValueError(f"no reference model for protocol {params.name!r}") from None
-    return model(params, seed, device_id, limits)
+        raise ValueError(f"no reference model for protocol {params.name!r}: give its parameter class a "
+                         f"reference_model (a ReferenceDevice subclass) to audit it") from None
 
 
-def stages_of(name: str) -> tuple[str, ...]:
+def reference_device(params: Any, seed: int, device_id: int, limits: Any = None) -> ReferenceDevice:
+    """The reference model of one device of ``params``'s protocol."""
+    return _model(params)(params, seed, device_id, limits)
+
+
+def stages_of(params: Any) -> tuple[str, ...]:
     """The transcript stages of a protocol, in order."""
-    return MODELS[name].stages
+    return _model(params).stages

@@ -74,14 +74,6 @@ def _event_logger(stream: TextIO | None, env: simpy.Environment) -> Any:
     )
 
 
-def oracle_threshold(params, values: np.ndarray) -> float:
-    """ToPL's threshold chosen with the true value distribution (the reference the study compares with)."""
-    from protocols.topl import choose_threshold
-
-    dens = np.histogram(values, bins=params.bins, range=(0, params.max_value))[0].astype(np.float64)
-    return choose_threshold(dens, params.max_value, params.epsilon, params.rounds, params.devices)
-
-
 def bucket_width(params: object) -> float:
     """Value width of a histogram bucket (1 for protocols without buckets)."""
     k = getattr(params, "buckets", None)
@@ -102,13 +94,13 @@ def run(scenario: Scenario, events: TextIO | None = None,
     """Run ``scenario``; JSON-lines events go to ``events``; ``progress(done, total)`` after each round."""
     t0 = time.perf_counter()
     sc = scenario
-    spill.install()  # large non-bit transcripts go to a temporary directory, not RAM
     env = simpy.Environment()
     log = _event_logger(events, env).bind(run=sc.name, seed=sc.seed)
     world = World(sc.seed, sc.devices, sc.groups, sc.changes, sc.protocol.max_value)
     ledger = Ledger(sc.devices)
     network = Network(env, sc.network, sc.seed)
     protocol = sc.protocol.make_collector(sc.devices)
+    spill.attach(protocol)  # large non-bit transcripts go to a temporary directory, not RAM
 
     collector = CollectorProcess(env, protocol, network, [], sc.network.deadline, log,
                                  Hostility(sc.behavior, sc.protocol.max_value))
@@ -174,7 +166,7 @@ class RoundBook:
         self.all_ids = np.arange(sc.devices)
         self.records: list[RoundRecord] = []
         self._levels: list[float] = []
-        self._oracle: float | None = None
+        self._before: dict = {}
         # [analysis] attacks: a copy of every device's true value per collection round (scenarios/attacks.py)
         keep = sc.attacks and attacks.not_applicable(sc.protocol) is None
         self.true_values = np.full((sc.devices, sc.collections), np.nan) if keep else None
@@ -186,18 +178,14 @@ class RoundBook:
             self._levels.append(float(self.world.levels.mean()))
 
     def before_collect(self, t: int) -> None:
-        sc = self.sc
-        self._oracle = None
-        if sc.protocol.name == "topl" and sc.protocol.threshold_round(t):
-            values = self.world.values(self.all_ids)[0]
-            self._oracle = oracle_threshold(sc.protocol, values)
-            if sc.protocol.method == "oracle":
-                self.protocol.oracle_values = values.copy()
+        """The protocol's reference figures for collection t from the true values (its ``before_collect``
+        hook, e.g. ToPL's oracle threshold), added to the round's info when it closes."""
+        hook = getattr(self.sc.protocol, "before_collect", None)
+        self._before = {} if hook is None else hook(t, lambda: self.world.values(self.all_ids)[0], self.protocol)
 
     def close(self, t: int, result: Any, now: float, rejected: int) -> RoundRecord:
         sc, kind = self.sc, self.kind
-        if self._oracle is not None:
-            result.info["oracle_theta"] = self._oracle
+        result.info.update(self._before)
         values, clipped = self.world.values(self.all_ids)
         if self.true_values is not None and 1 <= t <= self.true_values.shape[1]:
             present = self.world.present(self.all_ids)

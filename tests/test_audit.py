@@ -4,6 +4,7 @@ or a device side's accounting is caught with the right mismatch kind; bad run di
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 from pathlib import Path
@@ -26,6 +27,7 @@ SMALL = {
     "thresh_drift": ["population.devices=1500", "rounds=70"],
     "topl_pos": ["population.devices=400", "rounds=30"],
     "tops_pos": ["population.devices=400", "rounds=8"],
+    "weekday_usage": ["population.devices=400", "rounds=10"],
 }
 HOSTILE = ("beyond_horizon", "replay", "far_future", "bad_threshold")
 
@@ -305,8 +307,8 @@ def test_live_runs_audit_clean(tmp_path, name, extra) -> None:
     run = tmp_path / "live"
     run.mkdir()
     with open(run / "events.jsonl", "w", encoding="utf-8") as events:
-        result = live.run_live(sc, connections=2, events=events,
-                               settings=LiveSettings(stage_timeout=2.0, read_timeout=0.3, startup_timeout=10.0))
+        result = asyncio.run(live.run_embedded(sc, connections=2, events=events, settings=LiveSettings(
+            stage_timeout=2.0, read_timeout=0.3, startup_timeout=10.0)))
     output.write_run_dir(result, run, transcript="always")
     record = audit.audit(run)
     assert record["runtime"] == "live"

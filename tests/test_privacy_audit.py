@@ -99,11 +99,11 @@ def test_memoized_dbitflip_likelihood_matches_the_device() -> None:
 
 
 # ------------------------------------------------------------------------------------------- the audit
-@pytest.mark.parametrize("protocol", [p for p in PROTOCOLS if p not in pa.CENTRAL])
+@pytest.mark.parametrize("protocol", [p for p in PROTOCOLS if not pa.is_central(p)])
 def test_no_lower_bound_exceeds_its_claim(protocol: str) -> None:
     """Every protocol, one report and 6-round transcripts (THRESH under the always_update collector)."""
     for game in pa.games(6):
-        row = pa.audit_game({"name": protocol, **pa.DEFAULT_TABLES[protocol]}, game, 3000, seed=7)
+        row = pa.audit_game(pa.default_table(protocol), game, 3000, seed=7)
         assert row.eps_lb is not None and row.claimed is not None
         assert not row.exceeds, (protocol, game.name, row.eps_lb, row.claimed)
         assert row.eps_lb >= 0
@@ -113,7 +113,7 @@ def test_randomized_response_lower_bound_is_tight() -> None:
     """1BitMean at eps = 1, one report: TPR = e/(e + 1), FPR = 1/(e + 1); with 80,000 held-out canaries per input
     the 99% bounds cost about 2.576 x 1.45 sqrt(1/80,000) of each log rate, so eps_lb > 0.97 and eps_hat is
     within 4 sd of 1."""
-    row = pa.audit_game({"name": NAIVE, **pa.DEFAULT_TABLES[NAIVE]}, pa.games(1)[0], 100_000, seed=3)
+    row = pa.audit_game(pa.default_table(NAIVE), pa.games(1)[0], 100_000, seed=3)
     p = math.e / (math.e + 1)
     sd = math.sqrt(2 * (1 - p) / (p * row.test_trials) + 2 * p / ((1 - p) * row.test_trials)) / math.sqrt(2)
     assert abs(row.eps_hat - 1.0) < 4 * sd
@@ -136,7 +136,7 @@ def test_audit_catches_a_device_that_spends_more_than_it_charges() -> None:
     def plant(sc):
         return dataclasses.replace(sc, protocol=OverspendingParams(**dataclasses.asdict(sc.protocol)))
 
-    table = {"name": NAIVE, **pa.DEFAULT_TABLES[NAIVE]}
+    table = pa.default_table(NAIVE)
     row = pa.audit_game(table, pa.games(1)[0], 100_000, seed=4, transform=plant)
     assert row.claimed == pytest.approx(1.0)  # the ledger still says eps
     assert row.exceeds and row.eps_lb > 1.15  # eps_hat ~ 1.3
@@ -167,7 +167,7 @@ class FloatLaplaceParams(LaplaceParams):
 def test_audit_catches_the_floating_point_laplace_leak() -> None:
     """Mironov (CCS 2012): a float x + noise reveals x through its least significant bits. The shipped Laplace
     reports on a grid and passes; the float version fails the same audit."""
-    table = {"name": LAPLACE, **pa.DEFAULT_TABLES[LAPLACE]}
+    table = pa.default_table(LAPLACE)
     game = pa.games(1)[0]
     floating = pa.audit_game(table, game, 20_000, seed=2, transform=lambda sc: dataclasses.replace(
         sc, protocol=FloatLaplaceParams(**dataclasses.asdict(sc.protocol))))
@@ -186,7 +186,7 @@ class OpaqueFloatLaplaceParams(LaplaceParams):
 
 
 def test_empirical_test_reads_the_low_bits_of_real_values() -> None:
-    table = {"name": LAPLACE, **pa.DEFAULT_TABLES[LAPLACE]}
+    table = pa.default_table(LAPLACE)
     row = pa.audit_game(table, pa.games(1)[0], 50_000, seed=2, transform=lambda sc: dataclasses.replace(
         sc, protocol=OpaqueFloatLaplaceParams(**dataclasses.asdict(sc.protocol))))
     assert row.statistic.startswith("empirical")
@@ -197,7 +197,7 @@ def test_memoized_claims_follow_behavior_patterns() -> None:
     """Within a pattern the ledger is the claim (and memoization keeps a constant input at eps however many
     rounds); across patterns without output perturbation the worst case is unbounded and the audit shows a
     large lower bound."""
-    rows = {g.name: pa.audit_game({"name": MEMOIZED, **pa.DEFAULT_TABLES[MEMOIZED]}, g, 5000, seed=1)
+    rows = {g.name: pa.audit_game(pa.default_table(MEMOIZED), g, 5000, seed=1)
             for g in pa.games(12)}
     assert rows["light vs heavy"].claimed == pytest.approx(1.0) and rows["light vs heavy"].eps_lb <= 1.0
     assert math.isinf(rows["change vs none"].claimed) and rows["change vs none"].eps_lb > 4

@@ -1,0 +1,118 @@
+"""Reading a protocol's parameter table: strict, with errors that name the key (docs/design.md section 7).
+
+A scenario's ``[protocol]`` table is parsed by the protocol itself: the registry (protocols/registry.py) finds
+the parameter class for ``name`` and calls its ``from_table(name, table, context)``, which reads its keys
+through a :class:`Table` (typed ``get`` with a check and a description of what is allowed) and the run's
+:class:`Context`. Unknown keys, wrong types and inconsistent values raise :class:`ConfigError` (the scenario
+loader raises its own subclass) with a message that starts with the offending key. Sans-IO: no file access.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+__all__ = ["ConfigError", "Context", "Table", "epsilon", "holdout_share", "positive", "GAMMA"]
+
+
+class ConfigError(ValueError):
+    """A parameter table that cannot run; the message starts with the offending key."""
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a protocol's table may depend on besides its own keys: the run's rounds (days), devices, groups
+    (and the smallest group's size), seed and collector behavior."""
+
+    rounds: int
+    devices: int
+    groups: int = 1
+    smallest_group: int = 0
+    seed: int = 0
+    behavior: str = "honest"
+
+
+class Table:
+    """One TOML table, remembering which keys were used so the rest can be reported as unknown. ``error`` is
+    the exception class raised (a subclass of ConfigError)."""
+
+    def __init__(self, data: Any, where: str, error: type[ConfigError] = ConfigError) -> None:
+        if not isinstance(data, dict):
+            raise error(f"{where or 'scenario'}: must be a table")
+        self.data: dict[str, Any] = data
+        self.where, self.error = where, error
+        self.used: set[str] = set()
+
+    def path(self, key: str) -> str:
+        return f"{self.where}.{key}" if self.where else key
+
+    def fail(self, key: str, message: str) -> ConfigError:
+        """The error for ``key``: ``where.key: message``."""
+        return self.error(f"{self.path(key)}: {message}")
+
+    def get(self, key: str, kind: type | tuple[type, ...], default: Any = ...,
+            check: Callable[[Any], bool] | None = None, what: str = "") -> Any:
+        """The value of ``key``, of type ``kind`` (an int is accepted for a float), passing ``check`` (else an
+        error saying it must be ``what``); ``default`` when absent (``...``: required)."""
+        self.used.add(key)
+        if key not in self.data:
+            if default is ...:
+                self._unknown_near(key)
+                raise self.fail(key, "required")
+            return default
+        v = self.data[key]
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        if float in kinds and isinstance(v, int) and not isinstance(v, bool):
+            v = float(v)
+        if isinstance(v, bool) and bool not in kinds or not isinstance(v, kinds):
+            names = " or ".join(k.__name__.replace("str", "string").replace("float", "number") for k in kinds)
+            raise self.fail(key, f"must be a {names}, got {v!r}")
+        if isinstance(v, float) and not math.isfinite(v):
+            raise self.fail(key, f"must be finite, got {v}")
+        if check is not None and not check(v):
+            raise self.fail(key, f"must be {what}, got {v!r}")
+        return v
+
+    def table(self, key: str, default: Any = ...) -> "Table":
+        self.used.add(key)
+        if key not in self.data:
+            if default is ...:
+                raise self.fail(key, "required table")
+            return Table({}, self.path(key), self.error)
+        return Table(self.data[key], self.path(key), self.error)
+
+    def _unknown_near(self, key: str) -> None:
+        """A required key is missing: a misspelled key given instead is the real error, so name it."""
+        close = difflib.get_close_matches(key, sorted(set(self.data) - self.used), n=1, cutoff=0.75)
+        if close:
+            raise self.fail(close[0], f"unknown key (did you mean {key}?)")
+
+    def done(self) -> None:
+        """Every key was read: anything else is unknown (with the closest known key as a hint)."""
+        extra = sorted(set(self.data) - self.used)
+        if extra:
+            close = difflib.get_close_matches(extra[0], sorted(self.used), n=1, cutoff=0.75)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise self.fail(extra[0], f"unknown key{hint}")
+
+
+def positive(v: float) -> bool:
+    return v > 0
+
+
+def holdout_share(table: Table, devices: int) -> float:
+    """``holdout``: a share of devices in (0, 1), or a number of devices (converted to a share)."""
+    hold = table.get("holdout", float, check=lambda v: 0 < v < devices,
+                     what=f"a share in (0, 1) or a number of devices below {devices}")
+    return hold if hold < 1 else hold / devices
+
+
+def epsilon(table: Table, key: str = "epsilon", default: Any = ...) -> float:
+    """A privacy parameter: a number in (0, 50]."""
+    return float(table.get(key, float, default, check=lambda v: 0 < v <= 50, what="a number in (0, 50]"))
+
+
+#: ``get`` keywords of output perturbation's flip probability gamma (Ding et al. 2017, section 3.2)
+GAMMA: dict[str, Any] = dict(check=lambda v: 0 <= v < 0.5, what="a number in [0, 0.5)")
