@@ -5,6 +5,12 @@ its group; each round its value is level + jitter, clipped to [0, max_value] (do
 "Notation and conventions": values are clipped before any mechanism sees them, and the clipping is
 counted). Every draw is keyed (docs/design.md section 3), so a device's values are a pure function of
 (seed, device, round).
+
+A group may also carry behaviors (agents/behavior.py, docs/behaviors.md): keyed functions of the day that
+shape its devices' level + jitter each round (weekly seasonality, trends, bursts, changes at a simulated time
+or on a condition, or a user's own function) before the values are clipped and the clipping counted. A world
+with behaviors computes every day's values, in order, whichever days it is asked about, so that behaviors with
+state see the same history in every process that holds the world.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from dataclasses import dataclass, field
 import numba as nb
 import numpy as np
 
+from agents.behavior import Behavior, Bound
 from protocols import keyed
 from protocols.keyed import Purpose, stream_key
 
@@ -81,6 +88,7 @@ class Group:
     apps: tuple[float, ...] | None = None
     joins: int = 1  # first round the group's devices are present
     leaves: int | None = None  # first round they are gone (None: never)
+    behavior: Behavior | None = None  # scripted behaviors shaping its values each round (agents/behavior.py)
 
 
 @dataclass(frozen=True)
@@ -107,9 +115,10 @@ def split_shares(n: int, shares: list[float]) -> np.ndarray:
 
 
 @nb.njit(cache=True, parallel=True)
-def _values_kernel(levels, sds, binary, source, pool, offsets, key, m, out):
+def _values_kernel(levels, sds, binary, source, pool, offsets, key, m, free, out):
     """out[i] = clip(levels[i] + sds[i] N_i, 0, m) with N_i keyed by (key, i); returns how many were clipped.
-    Element-wise in fixed chunks on all cores: the same bits as a serial loop."""
+    Devices with ``free[i]`` get the unclipped base value (their group's behaviors shape it, then it is
+    clipped and counted). Element-wise in fixed chunks on all cores: the same bits as a serial loop."""
     chunks = 64
     n = levels.shape[0]
     counts = np.zeros(chunks, np.int64)
@@ -122,7 +131,7 @@ def _values_kernel(levels, sds, binary, source, pool, offsets, key, m, out):
             if source[i] >= 0:  # a fresh draw from an empirical data set each round
                 lo, hi = offsets[source[i]], offsets[source[i] + 1]
                 v = pool[lo + min(int(keyed.uniform1(key, np.uint64(i)) * (hi - lo)), hi - lo - 1)]
-                if v > m:
+                if v > m and not free[i]:
                     v = m
                     k += 1
                 out[i] = v
@@ -130,6 +139,9 @@ def _values_kernel(levels, sds, binary, source, pool, offsets, key, m, out):
             v = levels[i]
             if sds[i] > 0.0:
                 v += sds[i] * keyed.normal1(key, np.uint64(i))
+            if free[i]:
+                out[i] = v
+                continue
             if v < 0.0:
                 v = 0.0
                 k += 1
@@ -142,7 +154,8 @@ def _values_kernel(levels, sds, binary, source, pool, offsets, key, m, out):
 
 
 class World:
-    """Counters of ``n`` devices over rounds 1, 2, ...; call :meth:`advance_to` at each round start."""
+    """Counters of ``n`` devices over rounds 1, 2, ...; call :meth:`advance_to` at each round start. Each group's
+    behaviors (``Group.behavior``) run in a copy of their own per world."""
 
     def __init__(self, seed: int, n: int, groups: list[Group], changes: list[Change], max_value: float) -> None:
         self.seed, self.n, self.max_value = int(seed), int(n), float(max_value)
@@ -185,6 +198,19 @@ class World:
         self._cache_day = -1
         self._cache = np.empty(0)
         self._clipped = 0
+        # scripted behaviors (agents/behavior.py): per group, its id range and a running copy for this world
+        self._scripts: list[tuple[int, int, Bound]] = []
+        self.free = np.zeros(self.n, dtype=np.bool_)  # devices whose base value a behavior shapes
+        for gi, g in enumerate(self.groups):
+            if g.behavior is None:
+                continue
+            if g.counter.kind == "bernoulli" or any(c.group == g.name and c.counter is not None
+                                                   and c.counter.kind == "bernoulli" for c in self.changes):
+                raise ValueError(f"group {g.name!r}: behaviors shape counter values, not private bits (bernoulli)")
+            lo, hi = int(self.bounds[gi]), int(self.bounds[gi + 1])
+            self._scripts.append((lo, hi, g.behavior.bind(self.seed, gi, self.max_value)))
+            self.free[lo:hi] = True
+        self._mean = math.nan  # the previous round's mean value over the population (behaviors' Day.mean)
 
     def _set_source(self, ids: np.ndarray, dist: Dist) -> None:
         if dist.kind != "data":
@@ -211,6 +237,18 @@ class World:
         """Apply every change whose round has come; returns those applied now."""
         if day < self.day:
             raise ValueError("the world does not go back in time")
+        if self._scripts:
+            # behaviors may keep state and read the previous round's mean: every day is computed, in order,
+            # whichever days the caller asks for (the same in every process that holds this world)
+            applied = []
+            while self.day < day:
+                if self.day >= 1 and self._cache_day != self.day:
+                    self.values(np.empty(0, dtype=np.int64))
+                applied += self._apply_changes(self.day + 1)
+            return applied
+        return self._apply_changes(day)
+
+    def _apply_changes(self, day: int) -> list[Change]:
         self.day = day
         applied = []
         while self._applied < len(self.changes) and self.changes[self._applied].round <= day:
@@ -261,11 +299,33 @@ class World:
             pool = getattr(self, "_pool", np.zeros(1))
             offsets = getattr(self, "_offsets", np.zeros(2, np.int64))
             self._clipped = int(_values_kernel(self.levels, self.sds, self.binary, self.source, pool, offsets, key,
-                                               self.max_value, self._cache))
+                                               self.max_value, self.free, self._cache))
+            if self._scripts:
+                self._behave(day)
             self._cache_day = day
         ids = np.asarray(ids)
+        if not ids.size:
+            ids = ids.astype(np.int64)
         where = (slice(int(ids[0]), int(ids[-1]) + 1) if ids.size and ids.ndim == 1
                  and int(ids[-1]) - int(ids[0]) + 1 == ids.size else ids)
         if self.counters is not None:  # (devices, c): the day's total split over the apps
             return self._cache[where][:, None] * self.split[where], self._clipped
         return self._cache[where], self._clipped
+
+    def _behave(self, day: int) -> None:
+        """The groups' behaviors on ``day``: their base values (unclipped in the cache) shaped, then clipped
+        to [0, max_value] and counted; then each behavior observes its group's final values."""
+        m, cache = self.max_value, self._cache
+        for lo, hi, bound in self._scripts:
+            ids = np.arange(lo, hi, dtype=np.int64)
+            ids.flags.writeable = False
+            out = bound.apply(day, ids, cache[lo:hi], self._mean)
+            self._clipped += int(np.count_nonzero(out < 0.0)) + int(np.count_nonzero(out > m))
+            np.clip(out, 0.0, m, out=cache[lo:hi])
+        for lo, hi, bound in self._scripts:
+            ids = np.arange(lo, hi, dtype=np.int64)
+            ids.flags.writeable = False
+            view = cache[lo:hi]
+            view.flags.writeable = False
+            bound.observe(day, ids, view, self._mean)
+        self._mean = float(cache.mean()) if cache.size else math.nan

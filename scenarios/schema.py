@@ -7,7 +7,7 @@ types and inconsistent values are errors; nothing is silently ignored.
 
 from __future__ import annotations
 
-import difflib
+import dataclasses
 import math
 import tomllib
 from dataclasses import dataclass, field
@@ -16,28 +16,25 @@ from typing import Any
 
 import numpy as np
 
+from agents import behavior as behaviors
 from agents.world import Change, Dist, Group, split_shares
 from collector.network import NetworkParams
 from protocols.base import ProtocolParams
 from protocols.guard import Limits
-from protocols.baselines import KFLIP, LAPLACE, KFlipParams, LaplaceParams
-from protocols.dbitflip import BINFLIP, DBITFLIP, DBITFLIPPM, DBitFlipParams
-from protocols.epochrr import EPOCHRR, EpochRRParams
-from protocols.multicounter import MULTI, MultiParams
-from protocols.onebit import MEMOIZED, NAIVE, OneBitParams
-from protocols.thresh import THRESH, ThreshParams
-from protocols.topl import METHODS as TOPL_METHODS
-from protocols.topl import TOPL, ToplParams
-from protocols.tops_protocol import TOPS, TopsParams
+from protocols import registry
+from protocols.config import ConfigError, Context, Table
 
 SHIPPED = Path(__file__).resolve().parent
 #: collector behaviors a scenario can ask for: the honest collector, and adversaries for audits (the devices'
-#: guarantees must hold against each). ``always_update`` is THRESH's; the others apply to every protocol.
+#: guarantees must hold against each). Those in PROTOCOL_BEHAVIORS are implemented by a protocol's collector
+#: side and allowed only where its parameter class lists them in ``collector_behaviors``; the others apply to
+#: every protocol.
 BEHAVIORS = ("honest", "always_update", "beyond_horizon", "replay", "far_future", "bad_threshold")
-PROTOCOLS = (NAIVE, MEMOIZED, DBITFLIP, DBITFLIPPM, BINFLIP, KFLIP, LAPLACE, MULTI, THRESH, EPOCHRR, TOPL, TOPS)
+PROTOCOL_BEHAVIORS = ("always_update",)
+PROTOCOLS = registry.builtin_names()
 
 
-class ScenarioError(ValueError):
+class ScenarioError(ConfigError):
     """A scenario that cannot run; the message starts with the offending field."""
 
 
@@ -81,7 +78,12 @@ class Scenario:
     def as_run(self) -> dict[str, Any]:
         """The scenario as run, for scenario.json: the validated input with ``[analysis] attacks`` resolved (the
         size rule's answer when the input left it out), so the file runs again exactly as this run did."""
-        return {**self.raw, "analysis": {**self.raw.get("analysis", {}), "attacks": self.attacks}}
+        run = {**self.raw, "analysis": {**self.raw.get("analysis", {}), "attacks": self.attacks}}
+        if any(g.behavior is not None for g in self.groups):  # behaviors by name ("module:qualname"), params
+            run["population"] = {**run["population"], "groups": [
+                {**rg, **dict(zip(("behavior", "params"), g.behavior.record()))} if g.behavior is not None else rg
+                for rg, g in zip(run["population"]["groups"], self.groups)]}
+        return run
 
     @property
     def limits(self) -> Limits:
@@ -90,57 +92,11 @@ class Scenario:
 
 
 # ----------------------------------------------------------------------------------------------- helpers
-class _Table:
-    """Reads one TOML table, remembering which keys were used so the rest can be reported as unknown."""
+class _Table(Table):
+    """A scenario table (protocols.config.Table) whose errors are ScenarioErrors."""
 
-    def __init__(self, data: Any, where: str) -> None:
-        if not isinstance(data, dict):
-            raise ScenarioError(f"{where or 'scenario'}: must be a table")
-        self.data, self.where, self.used = data, where, set()
-
-    def path(self, key: str) -> str:
-        return f"{self.where}.{key}" if self.where else key
-
-    def get(self, key: str, kind: type | tuple[type, ...], default: Any = ..., check=None, what: str = "") -> Any:
-        self.used.add(key)
-        if key not in self.data:
-            if default is ...:
-                self._unknown_near(key)
-                raise ScenarioError(f"{self.path(key)}: required")
-            return default
-        v = self.data[key]
-        kinds = kind if isinstance(kind, tuple) else (kind,)
-        if float in kinds and isinstance(v, int) and not isinstance(v, bool):
-            v = float(v)
-        if isinstance(v, bool) and bool not in kinds or not isinstance(v, kinds):
-            names = " or ".join(k.__name__.replace("str", "string").replace("float", "number") for k in kinds)
-            raise ScenarioError(f"{self.path(key)}: must be a {names}, got {v!r}")
-        if isinstance(v, float) and not math.isfinite(v):
-            raise ScenarioError(f"{self.path(key)}: must be finite, got {v}")
-        if check is not None and not check(v):
-            raise ScenarioError(f"{self.path(key)}: must be {what}, got {v!r}")
-        return v
-
-    def table(self, key: str, default: Any = ...) -> "_Table":
-        self.used.add(key)
-        if key not in self.data:
-            if default is ...:
-                raise ScenarioError(f"{self.path(key)}: required table")
-            return _Table({}, self.path(key))
-        return _Table(self.data[key], self.path(key))
-
-    def _unknown_near(self, key: str) -> None:
-        """A required key is missing: a misspelled key given instead is the real error, so name it."""
-        close = difflib.get_close_matches(key, sorted(set(self.data) - self.used), n=1, cutoff=0.75)
-        if close:
-            raise ScenarioError(f"{self.path(close[0])}: unknown key (did you mean {key}?)")
-
-    def done(self) -> None:
-        extra = sorted(set(self.data) - self.used)
-        if extra:
-            close = difflib.get_close_matches(extra[0], sorted(self.used), n=1, cutoff=0.75)
-            hint = f" (did you mean {close[0]}?)" if close else ""
-            raise ScenarioError(f"{self.path(extra[0])}: unknown key{hint}")
+    def __init__(self, data: Any, where: str, error: type[ConfigError] | None = None) -> None:
+        super().__init__(data, where, error or ScenarioError)
 
 
 def _dist(t: _Table) -> Dist:
@@ -201,106 +157,69 @@ def _positive(v: float) -> bool:
     return v > 0
 
 
-def _thresh(pt: _Table, name: str, epsilon: float, ctx: dict) -> ThreshParams:
-    """THRESH's table. Infeasible derived constants are an error naming them, unless a, b or tau_scale are
-    given explicitly (or allow_infeasible = true): then the problems become warnings."""
-    rounds = ctx["rounds"]
-    length = pt.get("epoch_length", int, check=lambda v: 1 <= v <= rounds and rounds % v == 0,
-                    what=f"a divisor of rounds ({rounds})")
-    positive = dict(check=_positive, what="> 0")
-    overrides = {k: pt.get(k, float, None, **positive) for k in ("a", "b")}
-    tau_scale = pt.get("tau_scale", float, None, **positive)
-    params = ThreshParams(
-        name, epsilon, pt.get("delta", float, 0.1, check=lambda v: 0 < v < 1, what="a number in (0, 1)"),
-        length, rounds // length, ctx["devices"], ctx["groups"], ctx["smallest_group"], overrides["a"],
-        overrides["b"], 1.0 if tau_scale is None else tau_scale,
-        pt.get("cap_rule", str, "paper", check=lambda v: v in ("paper", "strict"), what='"paper" or "strict"'),
-        ctx["behavior"])
-    allow = pt.get("allow_infeasible", bool, False)
-    problems = params.problems()
-    explicit = allow or tau_scale is not None or any(v is not None for v in overrides.values())
-    if problems and not explicit:
-        raise ScenarioError("protocol: THRESH's derived constants are infeasible for this population:\n  - "
-                            + "\n  - ".join(problems)
-                            + "\nSet protocol.a, protocol.b and/or protocol.tau_scale (or allow_infeasible = true)"
-                            " to run anyway.")
-    params.warnings.extend(problems)
-    return params
-
-
-def _holdout(pt: _Table, devices: int) -> float:
-    """``holdout``: a share of devices in (0, 1), or a number of devices (converted to a share)."""
-    hold = pt.get("holdout", float, check=lambda v: 0 < v < devices,
-                  what=f"a share in (0, 1) or a number of devices below {devices}")
-    return hold if hold < 1 else hold / devices
-
-
-def _protocol(pt: _Table, ctx: dict) -> ProtocolParams:
-    """The [protocol] table: common keys, then each family's own."""
-    name = pt.get("name", str, check=lambda v: v in PROTOCOLS, what=f"one of {list(PROTOCOLS)}")
-    epsilon = pt.get("epsilon", float, check=lambda v: 0 < v <= 50, what="a number in (0, 50]")
-    if name == THRESH:
-        params = _thresh(pt, name, epsilon, ctx)
-        pt.done()
-        return params
-    if name == TOPL:
-        max_value = pt.get("max_value", float, check=_positive, what="> 0")
-        share = _holdout(pt, ctx["devices"])
-        rounds = ctx["rounds"]
-        on_demand = pt.get("rethreshold_at", list, [], check=lambda v: all(
-            isinstance(r, int) and not isinstance(r, bool) and 1 <= r <= rounds for r in v),
-            what=f"an array of rounds in [1, {rounds}]")
-        params = ToplParams(
-            name, epsilon,
-            pt.get("threshold_epsilon", float, epsilon, check=lambda v: 0 < v <= 50, what="a number in (0, 50]"),
-            max_value, share,
-            pt.get("rethreshold_every", int, 0, check=lambda v: v >= 0, what="an integer >= 0 (0: never)"),
-            ctx["rounds"], ctx["devices"],
-            pt.get("method", str, "sw-w", check=lambda v: v in TOPL_METHODS, what=f"one of {list(TOPL_METHODS)}"),
-            pt.get("bins", int, 1024, check=lambda v: 16 <= v <= 4096, what="an integer in [16, 4096]"),
-            tuple(sorted(set(on_demand))))
-        pt.done()
-        return params
-    if name == TOPS:
-        max_value = pt.get("max_value", float, check=_positive, what="> 0")
-        params = TopsParams(name, epsilon,
-                            pt.get("threshold_epsilon", float, epsilon, check=lambda v: 0 < v <= 50,
-                                   what="a number in (0, 50]"),
-                            max_value, _holdout(pt, ctx["devices"]), ctx["rounds"], ctx["devices"], ctx["seed"])
-        pt.done()
-        return params
-    if name == EPOCHRR:
-        rounds = ctx["rounds"]
-        length = pt.get("epoch_length", int, check=lambda v: 1 <= v <= rounds and rounds % v == 0,
-                        what=f"a divisor of rounds ({rounds})")
-        pt.done()
-        return EpochRRParams(name, epsilon, length, rounds // length)
-    max_value = pt.get("max_value", float, check=_positive, what="> 0")
-    gamma_ok = dict(check=lambda v: 0 <= v < 0.5, what="a number in [0, 0.5)")
-    if name in (NAIVE, MEMOIZED):
-        gran = pt.get("granularity", float, None if name == NAIVE else ..., check=_positive, what="> 0")
-        if gran is not None:
-            k = max_value / gran
-            if gran > max_value or abs(k - round(k)) > 1e-9 * k:
-                raise ScenarioError(f"protocol.granularity: {gran:g} must divide protocol.max_value {max_value:g}")
-        params: ProtocolParams = OneBitParams(name, epsilon, max_value, gran, pt.get("gamma", float, 0.0, **gamma_ok))
-    elif name == LAPLACE:
-        params = LaplaceParams(name, epsilon, max_value)
-    elif name == MULTI:
-        params = MultiParams(name, epsilon, max_value,
-                             pt.get("counters", int, check=lambda v: 1 <= v <= 64, what="an integer in [1, 64]"))
-    else:
-        k = pt.get("buckets", int, check=lambda v: 2 <= v <= 65_536, what="an integer in [2, 65536]")
-        if name == KFLIP:
-            params = KFlipParams(name, epsilon, max_value, k)
-        else:
-            default_d = k if name == BINFLIP else ...
-            d = pt.get("bits", int, default_d, check=lambda v: 1 <= v <= k, what=f"an integer in [1, buckets = {k}]")
-            if name == BINFLIP and d != k:
-                raise ScenarioError(f"protocol.bits: binflip sends all {k} buckets, got {d}")
-            params = DBitFlipParams(name, epsilon, max_value, k, d, pt.get("gamma", float, 0.0, **gamma_ok))
+def _protocol(pt: _Table, ctx: Context) -> ProtocolParams:
+    """The [protocol] table: ``name`` picks the registered protocol (protocols/registry.py), whose parameter
+    class parses and checks the rest of the table itself."""
+    name = pt.get("name", str, check=lambda v: len(v) > 0, what="a protocol name")
+    try:
+        entry = registry.lookup(name)
+    except registry.RegistryError as exc:
+        raise ScenarioError(str(exc)) from None
+    try:
+        params = entry.params.from_table(name, pt, ctx)
+    except ScenarioError:
+        raise
+    except ValueError as exc:  # the parameter class's own consistency checks
+        raise ScenarioError(f"protocol: {exc}") from None
     pt.done()
     return params
+
+
+def _group_behaviors(groups: list[Group], raw_groups: list[Any], changes: list[Change], seed: int,
+                     round_seconds: float, max_value: float, warnings: list[str]) -> list[Group]:
+    """Each group's ``behavior`` (a built-in name, ``"module:function"``, a Python function or class, or an
+    array of them) and ``params`` (a table, or an array of tables aligned with the behaviors), resolved,
+    checked, and tried once on a few devices of round 1, so that a broken behavior fails here with one line
+    naming the key rather than in the middle of a run (agents/behavior.py)."""
+    out = []
+    for i, (g, rg) in enumerate(zip(groups, raw_groups)):
+        where = f"population.groups[{i}]"
+        if "behavior" not in rg:
+            if "params" in rg:
+                raise ScenarioError(f"{where}.params: parameters of a behavior, but the group has no behavior")
+            out.append(g)
+            continue
+        spec, params = rg["behavior"], rg.get("params")
+        if not (isinstance(spec, str) or callable(spec) or isinstance(spec, (list, tuple)) and spec
+                and all(isinstance(x, str) or callable(x) for x in spec)):
+            raise ScenarioError(f'{where}.behavior: must be a name ("weekly", "module:function"), a function, or '
+                                f"an array of them, got {spec!r}")
+        try:
+            bh = behaviors.compose(spec, params, round_seconds)
+        except behaviors.BehaviorError as exc:
+            key = exc.key
+            if isinstance(spec, (list, tuple)) and key.startswith("["):
+                # "[k].name" -> params[k].name; "[k]" -> behavior[k]
+                k, _, rest = key.partition("]")
+                key = f"params{k}].{rest.lstrip('.')}" if rest.lstrip(".") else f"behavior{k}]"
+            elif key and key != "params":
+                key = f"params.{key}"
+            raise ScenarioError(f"{where}.{key or 'behavior'}: {exc.message}") from None
+        if g.counter.kind == "bernoulli" or any(c.group == g.name and c.counter is not None
+                                                and c.counter.kind == "bernoulli" for c in changes):
+            raise ScenarioError(f"{where}.behavior: behaviors shape counter values; this group's counter is "
+                                "bernoulli (private bits)")
+        ids = np.arange(3, dtype=np.int64)
+        try:  # one trial round on a few devices, with a fresh copy
+            bh.bind(seed, i, max_value).apply(1, ids, np.ones(ids.size))
+        except behaviors.BehaviorError as exc:
+            raise ScenarioError(f"{where}.behavior: {exc.message} (a trial call on {ids.size} devices)") from None
+        names = [s.name for s in bh.steps]
+        if any(n.startswith("__main__:") for n in names):
+            warnings.append(f"{where}.behavior: {', '.join(n for n in names if n.startswith('__main__:'))} lives "
+                            "in __main__: scenario.json can repeat the run only from the same script")
+        out.append(dataclasses.replace(g, behavior=bh))
+    return out
 
 
 # ----------------------------------------------------------------------------------------------- loading
@@ -329,6 +248,7 @@ def parse(data: dict[str, Any]) -> Scenario:
             what="an array of 1 to 64 positive weights")
         joins = t.get("joins", int, 1, check=lambda v: v >= 1, what="a round >= 1")
         leaves = t.get("leaves", int, None, check=lambda v: v > joins, what=f"a round after joins ({joins})")
+        t.used.update(("behavior", "params"))  # checked with the simulation's round length (_group_behaviors)
         t.done()
         groups.append(Group(gname, share, counter, jitter, tuple(float(w) for w in apps) if apps else None,
                             joins, leaves))
@@ -340,9 +260,16 @@ def parse(data: dict[str, Any]) -> Scenario:
         raise ScenarioError(f"population.groups: shares must sum to 1, they sum to {total:g}")
 
     changes, warnings = [], []
+    change_times: dict[int, float] = {}
     for i, c in enumerate(top.get("changes", list, [])):
         t = _Table(c, f"changes[{i}]")
-        rnd = t.get("round", int, check=lambda v: 1 <= v <= 100_000, what="a round >= 1")
+        at_time = t.get("at_time", float, None, check=lambda v: 0 <= v <= 1e15, what="a simulated time >= 0 (s)")
+        if at_time is not None and "round" in c:
+            raise ScenarioError(f"changes[{i}].at_time: give round or at_time, not both")
+        rnd = t.get("round", int, 0 if at_time is not None else ..., check=lambda v: 1 <= v <= 100_000,
+                    what="a round >= 1")
+        if at_time is not None:
+            change_times[i] = at_time  # its round once simulation.round_seconds is known
         if rnd > rounds:
             warnings.append(f"changes[{i}].round: {rnd} is after the last round ({rounds}); it will not happen")
         group = t.get("group", str, check=lambda v: v in names, what=f"one of the groups {names}")
@@ -362,33 +289,40 @@ def parse(data: dict[str, Any]) -> Scenario:
     budget = pv.get("budget", float, None, check=_positive, what="a total epsilon > 0")
     pv.done()
     sizes = np.diff(split_shares(devices, [g.share for g in groups]))
-    protocol = _protocol(top.table("protocol"), {"rounds": rounds, "devices": devices, "groups": len(groups),
-                                                 "seed": seed,
-                                                 "smallest_group": int(sizes.min()),
-                                                 "behavior": "always_update" if behavior == "always_update"
-                                                 else "honest"})
-    if behavior == "always_update" and protocol.name != THRESH:
-        raise ScenarioError(f"collector.behavior: {behavior!r} is only defined for {THRESH}")
-    if protocol.name in (THRESH, EPOCHRR):
+    protocol = _protocol(top.table("protocol"), Context(rounds, devices, len(groups), int(sizes.min()), seed,
+                                                        behavior))
+    if behavior in PROTOCOL_BEHAVIORS and behavior not in getattr(protocol, "collector_behaviors", ()):
+        raise ScenarioError(f"collector.behavior: {behavior!r} is not implemented by protocol {protocol.name!r}")
+    if getattr(protocol, "collects_bits", False):
         for i, g in enumerate(groups):
             if g.counter.kind != "bernoulli":
-                raise ScenarioError(f"population.groups[{i}].counter: {THRESH} collects bits: use "
+                raise ScenarioError(f"population.groups[{i}].counter: {protocol.name} collects bits: use "
                                     f'{{ dist = "bernoulli", p = ... }}')
         for i, c in enumerate(changes):
             if c.counter is not None and c.counter.kind != "bernoulli" or c.jitter_sd:
-                raise ScenarioError(f"changes[{i}]: {THRESH} collects bits: a change sets a bernoulli counter")
+                raise ScenarioError(f"changes[{i}]: {protocol.name} collects bits: a change sets a bernoulli "
+                                    f"counter")
+    counters = getattr(protocol, "counters", None)
     for i, g in enumerate(groups):
-        if protocol.name == MULTI and (g.apps is None or len(g.apps) != protocol.counters):
-            raise ScenarioError(f"population.groups[{i}].apps: {MULTI} needs {protocol.counters} app weights "
+        if counters is not None and (g.apps is None or len(g.apps) != counters):
+            raise ScenarioError(f"population.groups[{i}].apps: {protocol.name} needs {counters} app weights "
                                 f"(protocol.counters) in every group")
-        if protocol.name != MULTI and g.apps is not None:
-            raise ScenarioError(f"population.groups[{i}].apps: only the {MULTI} protocol collects several counters")
+        if counters is None and g.apps is not None:
+            raise ScenarioError(f"population.groups[{i}].apps: protocol {protocol.name} collects one counter; "
+                                f"apps are for protocols with several (protocol.counters)")
     st = top.table("simulation", default=None)
     sim = Simulation(
         cohort_size=st.get("cohort_size", int, 10_000, check=lambda v: v >= 1, what="an integer >= 1"),
         round_seconds=st.get("round_seconds", float, 86_400.0, check=_positive, what="> 0"),
     )
     st.done()
+    for i, at_time in change_times.items():  # a change at a simulated time: from the first round starting then
+        rnd = behaviors.first_round_at(at_time, sim.round_seconds)
+        changes[i] = dataclasses.replace(changes[i], round=rnd)
+        if rnd > rounds:
+            warnings.append(f"changes[{i}].at_time: {at_time:g} s is round {rnd}, after the last round ({rounds}); "
+                            "it will not happen")
+    groups = _group_behaviors(groups, raw_groups, changes, seed, sim.round_seconds, protocol.max_value, warnings)
     nt = top.table("network", default=None)
     net = NetworkParams(
         latency=nt.get("latency", float, 0.05, check=lambda v: v >= 0, what=">= 0"),
