@@ -1,0 +1,243 @@
+"""The conformance kit: the properties every protocol must have, runnable from any test suite.
+
+A protocol (built in or a plugin, protocols/registry.py) passes when, on a small scenario of its own:
+
+- :func:`check_cohort_split`: digests (transcript, ledger, estimates) are identical for cohort sizes 1, 7 and
+  the whole population (keyed randomness: a device's reports do not depend on its neighbours);
+- :func:`check_live_equals_simulated`: the live runtime over loopback TCP gives the simulator's digests;
+- :func:`check_wire`: every message of a run survives the wire format (encode, decode, equal), and mutated
+  frames are rejected with ``WireError`` or decode to a message the collector takes or rejects with
+  ``ProtocolError``, never another exception;
+- :func:`check_hostile`: against every hostile collector behavior the run survives, no device spends past
+  the protocol's guarantee, the hostile messages are ignored (and counted) and the ledger is the honest
+  run's;
+- :func:`check_audit`: ``ldpsim audit`` replays every device through the protocol's reference model
+  (``reference_model`` on its parameter class, or a built-in one) and finds the run clean;
+- :func:`check_privacy_audit`: ``ldpsim privacy-audit``'s lower bounds are not above the claims.
+
+:func:`run_conformance` runs them all. A plugin's tests call it (or one check per test) on a scenario from
+:func:`scenario_for`. Unlike the rest of protocols/, this module drives the runtimes (agents/, collector/,
+scenarios/, imported inside the checks): it is a test utility, imported by no protocol.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+__all__ = ["CHECKS", "ConformanceError", "check_audit", "check_cohort_split", "check_hostile",
+           "check_live_equals_simulated", "check_privacy_audit", "check_wire", "run_conformance", "scenario_for"]
+
+
+class ConformanceError(AssertionError):
+    """A protocol that does not have a property every protocol must have."""
+
+
+def _fail(check: str, message: str) -> ConformanceError:
+    return ConformanceError(f"{check}: {message}")
+
+
+def scenario_for(protocol: dict[str, Any], devices: int = 400, rounds: int = 6, seed: int = 7,
+                 **overrides: Any) -> Any:
+    """A small two-group scenario for the [protocol] table ``protocol``, lossless, with a change at round 4:
+    values in [0, max_value] (or daily bits for a protocol whose parameter class says ``collects_bits``;
+    app weights for one with ``counters``). ``overrides`` are dotted scenario keys (as ``--set``)."""
+    from protocols import registry
+    from scenarios import schema
+
+    cls = registry.lookup(str(protocol.get("name", ""))).params
+    m = float(protocol.get("max_value", 1.0))
+    bits = bool(getattr(cls, "collects_bits", False))
+
+    def counter(lo: float, hi: float) -> dict[str, Any]:
+        return ({"dist": "bernoulli", "p": (lo + hi) / 2 / m} if bits
+                else {"dist": "uniform", "low": lo, "high": hi})
+
+    groups: list[dict[str, Any]] = [
+        {"name": "a", "share": 0.6, "counter": counter(0.1 * m, 0.4 * m)},
+        {"name": "b", "share": 0.4, "counter": counter(0.4 * m, 0.9 * m)},
+    ]
+    if "counters" in protocol:
+        for g in groups:
+            g["apps"] = [1.0 + j for j in range(int(protocol["counters"]))]
+    data: dict[str, Any] = {
+        "name": f"conformance-{protocol.get('name')}", "seed": seed, "rounds": rounds,
+        "population": {"devices": devices, "groups": groups},
+        "changes": [{"round": min(4, rounds), "group": "b", "fraction": 0.5, "counter": counter(0.0, 0.2 * m)}],
+        "protocol": dict(protocol),
+        "network": {"latency": 0.1, "deadline": 3.0},
+        "simulation": {"cohort_size": max(1, devices // 4), "round_seconds": 100},
+        "analysis": {"attacks": False},
+    }
+    data = schema.apply_overrides(data, [f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}"
+                                         for k, v in overrides.items()])
+    return schema.parse(data)
+
+
+def _with(sc: Any, *overrides: str) -> Any:
+    from scenarios import schema
+
+    return schema.parse(schema.apply_overrides(sc.raw, list(overrides)))
+
+
+def _summary(sc: Any) -> dict[str, Any]:
+    from scenarios import output, runner
+
+    return output.summary(runner.run(sc))
+
+
+# ------------------------------------------------------------------------------------------------ checks
+def check_cohort_split(sc: Any) -> dict[str, Any]:
+    """Digests identical for cohort sizes 1, 7 and all devices; returns the digests."""
+    digests = {size: _summary(dataclasses.replace(
+        sc, simulation=dataclasses.replace(sc.simulation, cohort_size=size)))["digests"] for size in (1, 7, sc.devices)}
+    if not digests[1] == digests[7] == digests[sc.devices]:
+        raise _fail("cohort split", f"digests differ between cohort sizes 1, 7 and {sc.devices}: {digests}")
+    return digests[1]
+
+
+def check_live_equals_simulated(sc: Any, connections: int = 3) -> dict[str, Any]:
+    """The live runtime (server and clients over loopback TCP) gives the simulator's digests."""
+    from collector.server import LiveSettings
+    from scenarios import live, output
+
+    sim = _summary(sc)
+    settings = LiveSettings(stage_timeout=5.0, read_timeout=1.0, startup_timeout=20.0)
+    got = output.summary(asyncio.run(live.run_embedded(sc, connections=connections, settings=settings)))
+    if got["digests"] != sim["digests"]:
+        raise _fail("live equals simulated", f"live digests {got['digests']} != simulated {sim['digests']}")
+    if got["reports"]["accepted"] != sim["reports"]["accepted"]:
+        raise _fail("live equals simulated", f"{got['reports']['accepted']} reports accepted live, "
+                                             f"{sim['reports']['accepted']} simulated")
+    return got["digests"]
+
+
+def check_wire(sc: Any, mutations: int = 2000, seed: int = 0) -> dict[str, int]:
+    """Round 1's request and report batch round-trip through the wire format; mutated frames fail cleanly."""
+    from protocols import wire
+    from protocols.base import ProtocolError
+
+    params = sc.protocol
+    devices = params.make_devices(sc.seed, np.arange(min(sc.devices, 64)), sc.limits)
+    collector = params.make_collector(min(sc.devices, 64))
+    request = collector.request(1, 1e9)
+    frames = [wire.encode(request)]
+    values = np.full(devices.device_ids.size, 0.5 * params.max_value)
+    if getattr(params, "counters", None):
+        values = np.full((devices.device_ids.size, params.counters), 0.5 * params.max_value / params.counters)
+    if hasattr(devices, "observe"):
+        for day in range(1, int(getattr(params, "epoch_length", 1)) + 1):
+            devices.observe(day, values)
+    batch, _ = devices.respond(request, int(getattr(params, "epoch_length", 1)), values, 0.0)
+    if batch is not None:
+        frames.append(wire.encode(batch))
+        back = wire.decode(frames[-1])
+        if not (isinstance(back, type(batch)) and back.round == batch.round and back.protocol == batch.protocol
+                and np.array_equal(back.devices, batch.devices)
+                and all(np.array_equal(np.asarray(back.columns[k]), np.asarray(batch.columns[k]))
+                        for k in batch.columns)):
+            raise _fail("wire", "a report batch does not decode to itself")
+    if wire.decode(frames[0]) != request:
+        raise _fail("wire", "a collection request does not decode to itself")
+    rng = np.random.default_rng(seed)
+    counts = {"rejected": 0, "decoded": 0, "taken": 0, "refused": 0}
+    for _ in range(mutations):
+        data = bytearray(frames[int(rng.integers(len(frames)))])
+        for _ in range(int(rng.integers(1, 4))):
+            data[int(rng.integers(len(data)))] = int(rng.integers(256))
+        try:
+            msg = wire.decode(bytes(data))
+        except wire.WireError:
+            counts["rejected"] += 1
+            continue
+        except Exception as exc:  # noqa: BLE001 - the point: nothing else may escape
+            raise _fail("wire", f"a mutated frame raised {type(exc).__name__}: {exc}") from exc
+        counts["decoded"] += 1
+        if type(msg).__name__ == "ReportBatch":
+            fresh = params.make_collector(min(sc.devices, 64))
+            fresh.request(1, 1e9)
+            try:
+                fresh.receive(msg)
+                counts["taken"] += 1
+            except ProtocolError:
+                counts["refused"] += 1
+            except Exception as exc:  # noqa: BLE001
+                raise _fail("wire", f"the collector raised {type(exc).__name__} on a mutated batch: {exc}") from exc
+    return counts
+
+
+def check_hostile(sc: Any) -> dict[str, float]:
+    """Every common hostile behavior: within the guarantee, messages ignored, the honest run's ledger."""
+    from scenarios import schema
+
+    honest = _summary(sc)
+    out = {}
+    for behavior in schema.BEHAVIORS:
+        if behavior == "honest" or behavior in schema.PROTOCOL_BEHAVIORS:
+            continue
+        s = _summary(dataclasses.replace(sc, behavior=behavior))
+        pv = s["privacy"]
+        if not pv["within_guarantee"] or pv["max_spend"] > pv["guarantee"] * (1 + 1e-9) + 1e-12:
+            raise _fail("hostile", f"{behavior}: a device spent {pv['max_spend']} > guarantee {pv['guarantee']}")
+        if not pv["ignored_messages"]:
+            raise _fail("hostile", f"{behavior}: the devices ignored no hostile message (did they answer it?)")
+        if s["digests"]["ledger"] != honest["digests"]["ledger"]:
+            raise _fail("hostile", f"{behavior}: the ledger differs from the honest run's")
+        out[behavior] = float(pv["max_spend"])
+    for behavior in getattr(sc.protocol, "collector_behaviors", ()):
+        s = _summary(_with(sc, f'collector.behavior="{behavior}"'))
+        if not s["privacy"]["within_guarantee"]:
+            raise _fail("hostile", f"{behavior}: a device spent past the guarantee")
+        out[behavior] = float(s["privacy"]["max_spend"])
+    return out
+
+
+def check_audit(sc: Any, directory: str | Path | None = None) -> dict[str, Any]:
+    """``ldpsim audit`` of a run of ``sc`` (every device) is clean."""
+    from scenarios import audit, output, runner
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(directory) if directory is not None else Path(tmp) / "run"
+        out.mkdir(parents=True, exist_ok=True)
+        output.write_run_dir(runner.run(sc), out, transcript="always")
+        record = audit.audit(out, devices="all")
+    if record.get("verdict") != "clean":
+        raise _fail("audit", f"ldpsim audit is not clean: {record.get('findings') or record}")
+    return record
+
+
+def check_privacy_audit(sc: Any, trials: int = 3000, rounds: int = 6, seed: int = 7) -> list[Any]:
+    """``ldpsim privacy-audit``: no game's lower bound above its claim (the scenario's [protocol] table)."""
+    from scenarios import privacy_audit
+
+    if getattr(sc.protocol, "central", False):
+        return [{"applies": False, "why": "central model: a device's report is its raw value, the guarantee is on "
+                                          "the curator's releases"}]
+    table = dict(sc.raw["protocol"])
+    rows = [privacy_audit.audit_game(table, game, trials, seed) for game in privacy_audit.games(rounds)]
+    over = [r for r in rows if r.exceeds]
+    if over:
+        raise _fail("privacy audit", "; ".join(f"{r.game}: eps_lb {r.eps_lb:.3f} > claimed {r.claimed}"
+                                               for r in over))
+    return rows
+
+
+CHECKS: dict[str, Callable[[Any], Any]] = {
+    "cohort_split": check_cohort_split,
+    "live_equals_simulated": check_live_equals_simulated,
+    "wire": check_wire,
+    "hostile": check_hostile,
+    "audit": check_audit,
+    "privacy_audit": check_privacy_audit,
+}
+
+
+def run_conformance(sc: Any, only: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """Every check (or those named in ``only``) on ``sc``; raises ConformanceError at the first failure and
+    returns each check's figures otherwise."""
+    return {name: check(sc) for name, check in CHECKS.items() if only is None or name in only}

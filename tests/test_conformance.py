@@ -1,0 +1,52 @@
+"""Every built-in protocol through the conformance kit (protocols/testing.py), the same checks a plugin's own
+tests run: cohort split, live equals simulated, wire round-trip and fuzz, hostile collectors, audit, privacy
+audit."""
+
+from __future__ import annotations
+
+import pytest
+
+from protocols import registry, testing
+from scenarios import privacy_audit
+
+#: the [protocol] table each built-in protocol is checked with (the privacy audit's defaults; THRESH with
+#: 2-day epochs so that its epoch state is exercised)
+TABLES = {name: {**privacy_audit.default_table(name), **({"epoch_length": 2} if name == "thresh" else {})}
+          for name in registry.builtin_names()}
+
+
+@pytest.fixture(scope="module", params=sorted(TABLES))
+def scenario(request):
+    return testing.scenario_for(TABLES[request.param], devices=240, rounds=6)
+
+
+@pytest.mark.parametrize("check", sorted(testing.CHECKS))
+def test_builtin_protocol_conforms(scenario, check: str) -> None:
+    if check == "privacy_audit":
+        testing.check_privacy_audit(scenario, trials=1500)
+    else:
+        testing.CHECKS[check](scenario)
+
+
+def test_a_broken_protocol_fails_the_kit() -> None:
+    """The kit can fail: a protocol whose devices draw from an unkeyed generator depends on the cohort split."""
+    import dataclasses
+
+    import numpy as np
+
+    from protocols.baselines import KFlipDevices, KFlipParams
+
+    class Unkeyed(KFlipDevices):
+        def report(self, round_, values):
+            rng = np.random.default_rng(int(self.device_ids[0]) + round_)  # depends on the cohort's first id
+            return {"y": rng.integers(0, self.params.buckets, self.device_ids.size).astype(np.uint8)}
+
+    @dataclasses.dataclass(frozen=True)
+    class UnkeyedParams(KFlipParams):
+        def make_devices(self, seed, device_ids, limits=None):
+            return Unkeyed(self, seed, device_ids, limits)
+
+    sc = testing.scenario_for(TABLES["kflip"], devices=60, rounds=2)
+    sc = dataclasses.replace(sc, protocol=UnkeyedParams(**dataclasses.asdict(sc.protocol)))
+    with pytest.raises(testing.ConformanceError, match="cohort split"):
+        testing.check_cohort_split(sc)
