@@ -1,0 +1,77 @@
+"""The worked plugin (examples/ldpsim-losue, L-OSUE) in the project's own suite, in-process.
+
+Installing the example into a fresh virtual environment would be slow, so its own tests
+(examples/ldpsim-losue/tests/test_losue.py: the conformance kit, the estimator against theory, the
+multi-freq-ldpy cross-check) are loaded here and collected as this module's tests, with the example's folder on
+sys.path and scenarios naming the protocol ``ldpsim_losue:LosueParams`` (module:Class), which needs no install.
+When the example *is* installed (``pip install -e examples/ldpsim-losue``), its entry point is checked too.
+The shipped scenario losue_usage.toml runs under both runtimes with equal digests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from protocols import registry
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "ldpsim-losue"
+MODULE_CLASS = "ldpsim_losue:LosueParams"
+
+if importlib.util.find_spec("ldpsim_losue") is None:  # not installed: import it from its folder
+    sys.path.insert(0, str(EXAMPLE))
+
+
+def _load_example_tests():
+    spec = importlib.util.spec_from_file_location("ldpsim_losue_example_tests", EXAMPLE / "tests" / "test_losue.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    module.NAME = MODULE_CLASS  # the example's scenarios name the protocol module:Class here
+    return module
+
+
+_example = _load_example_tests()
+# the example's tests and fixtures become this module's (pytest collects test_* and fixtures from its globals)
+globals().update({k: v for k, v in vars(_example).items() if k.startswith("test_") or k == "scenario"})
+
+
+def test_example_declares_its_entry_point() -> None:
+    """The example's pyproject.toml registers ``losue`` in the group the registry reads, pointing at the class
+    the module:Class name loads."""
+    meta = tomllib.loads((EXAMPLE / "pyproject.toml").read_text())
+    eps = meta["project"]["entry-points"][registry.ENTRY_POINT_GROUP]
+    assert eps == {"losue": MODULE_CLASS}
+    assert "ldpsim" in meta["project"]["dependencies"]
+    assert registry.lookup(MODULE_CLASS).params.__name__ == "LosueParams"
+
+
+@pytest.mark.skipif(not _example.entry_point_installed(),
+                    reason="the example is not installed (pip install -e examples/ldpsim-losue)")
+def test_installed_entry_point_is_the_example() -> None:
+    entry = registry.lookup("losue")
+    assert entry.source == "plugin: ldpsim-losue"
+    assert entry.params is registry.lookup(MODULE_CLASS).params
+    assert "losue" in [r.name for r in registry.available()]
+
+
+def test_shipped_scenario_runs_simulated_and_live_with_equal_digests() -> None:
+    """examples/ldpsim-losue/losue_usage.toml (scaled down), named module:Class: ``ldpsim run`` and ``ldpsim
+    live`` give the same transcript, ledger and estimates digests."""
+    from collector.server import LiveSettings
+    from scenarios import live, output, runner, schema
+
+    sc = schema.load(str(EXAMPLE / "losue_usage.toml"),
+                     [f'protocol.name="{MODULE_CLASS}"', "population.devices=2000", "simulation.cohort_size=300"])
+    assert sc.protocol.name == "losue"
+    sim = output.summary(runner.run(sc))
+    got = output.summary(asyncio.run(live.run_embedded(
+        sc, connections=3, settings=LiveSettings(stage_timeout=5.0, read_timeout=1.0, startup_timeout=20.0))))
+    assert got["digests"] == sim["digests"]
+    assert sim["privacy"]["within_guarantee"] and sim["error"]["hist_max_abs"] < 0.1
