@@ -30,12 +30,14 @@ Shared pieces:
 - ``messages``, ``wire``, ``framing``, ``auth``: the messages, their wire format, length-prefixed frames and
   device authentication;
 - ``transcript``, ``snapshot``: the canonical transcript digest, and snapshots of protocol state;
+- ``reference``: one-device reference models in plain Python, written from the formulas apart from the
+  vectorized device sides, which ``ldpsim audit`` replays;
 - ``testing``: the conformance kit every protocol (built in or a plugin) must pass, for test suites.
 """
 
 __all__ = [
     "auth", "base", "baselines", "collecting", "config", "dbitflip", "epochrr", "epochs", "framing", "guard",
-    "keyed", "ledger", "likelihood", "memo", "messages", "multicounter", "numeric", "onebit", "registry",
-    "round_mechanism", "snapshot", "testing", "thresh", "topl", "tops", "tops_protocol", "transcript", "wire",
+    "keyed", "ledger", "likelihood", "memo", "messages", "multicounter", "numeric", "onebit", "reference",
+    "registry", "round_mechanism", "snapshot", "testing", "thresh", "topl", "tops", "tops_protocol", "transcript", "wire",
     "worst_case",
 ]

@@ -151,6 +151,11 @@ class ThreshParams:
     #: an example [protocol] table per name this class runs (ldpsim privacy-audit NAME, the conformance tests)
     examples = {'thresh': {'epsilon': 4.0, 'delta': 0.1, 'epoch_length': 1, 'a': 0.25, 'b': 0.25, 'tau_scale': 0.12}}
 
+    def baseline_table(self) -> dict[str, object]:
+        """``ldpsim compare``'s baseline: naive per-epoch randomized response (epochrr) spending this run's
+        exact guarantee, evenly over the epochs (Joseph et al. 2018, section 1)."""
+        return {"name": "epochrr", "epsilon": self.total_epsilon, "epoch_length": self.epoch_length}
+
     @classmethod
     def from_table(cls, name: str, table: "config.Table", ctx: "config.Context") -> "ThreshParams":
         """[protocol] keys: epsilon, delta, epoch_length, a, b, tau_scale, cap_rule, allow_infeasible.

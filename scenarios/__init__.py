@@ -9,7 +9,7 @@ Importing the package imports none of its modules; import the one you need
   crash-safe journals;
 - ``output``, ``tables``, ``plots``, ``metrics``, ``accounting``: the run directory: summary, tables,
   pictures, error metrics, (eps, delta) accounting;
-- ``audit``, ``reference``: ``ldpsim audit``, and the one-device reference models it replays;
+- ``audit``: ``ldpsim audit``, replaying devices through protocols/reference.py's one-device models;
 - ``attacks``, ``privacy_audit``: what a curious collector learns, and empirical lower bounds on epsilon;
 - ``sweep``, ``compare``: parameter grids, and THRESH against naive repetition;
 - ``cli``: the ``ldpsim`` command.
@@ -17,5 +17,5 @@ Importing the package imports none of its modules; import the one you need
 
 __all__ = [
     "accounting", "attacks", "audit", "cli", "compare", "journal", "live", "metrics", "output", "plots",
-    "privacy_audit", "reference", "runner", "schema", "sweep", "tables",
+    "privacy_audit", "runner", "schema", "sweep", "tables",
 ]

@@ -3,7 +3,7 @@
 The audit reads what the run left behind (scenario.json, summary.json, transcript.parquet, ledger.parquet,
 downlink.jsonl), chooses devices (all up to 100,000, else a keyed sample; ``--devices N`` or ``all``),
 rebuilds each chosen device's private values day by day from the scenario and seed (agents.world.World, the
-same keyed draws), and replays it through its reference model (scenarios/reference.py: one device, plain
+same keyed draws), and replays it through its reference model (protocols/reference.py: one device, plain
 Python, written from the formulas) against every broadcast the collector recorded, in order, with the
 per-device downlink loss recomputed from its keyed draws. Then it compares:
 
@@ -52,7 +52,7 @@ import numpy as np
 from protocols import keyed
 from protocols.keyed import Purpose, stream_key
 from protocols.messages import CollectionRequest, Decision, Threshold
-from scenarios import reference
+from protocols import reference
 from scenarios.schema import Scenario, ScenarioError, parse
 
 DEFAULT_DEVICES = 100_000

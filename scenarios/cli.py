@@ -106,7 +106,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     scenario = load(args.scenario, args.set)
     out = Path(args.out or f"runs/{scenario.name}-compare")
     table = compare.compare(scenario, out)
-    for k in ("thresh", "naive"):
+    for k in (scenario.protocol.name, "naive"):
         e, eps = table[k]["error"], table[k]["epsilon"]
         print(f"{k:>6}: mean |error| {e['mean_abs']:.4g}, max |error| {e['max_abs']:.4g}; "
               f"per-device spend max {eps['max']:.4g}, mean {eps['mean']:.4g}")
@@ -313,8 +313,8 @@ def parser() -> argparse.ArgumentParser:
                           "rounds <= 50,000,000")
     run.add_argument("--json", action="store_true", help="also print summary.json")
     run.set_defaults(func=cmd_run)
-    cmp_ = sub.add_parser("compare", help="a THRESH scenario against naive per-epoch randomized response at "
-                                          "equal total privacy per device")
+    cmp_ = sub.add_parser("compare", help="a protocol against its naive baseline at equal total privacy per "
+                                          "device (THRESH: per-epoch randomized response)")
     cmp_.add_argument("scenario", help="a thresh scenario file or shipped name (e.g. thresh_stable)")
     cmp_.add_argument("--out", help="output directory (default: runs/<name>-compare)")
     cmp_.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a scenario key")

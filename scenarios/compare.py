@@ -1,8 +1,9 @@
-"""``ldpsim compare SCENARIO``: a THRESH scenario against naive per-epoch randomized response at equal total
-privacy per device (Joseph et al. 2018's motivating comparison).
+"""``ldpsim compare SCENARIO``: a protocol against its naive baseline at equal total privacy per device, e.g.
+THRESH against per-epoch randomized response (Joseph et al. 2018's motivating comparison).
 
-Both runs share the world, seed and network. The naive run spends, per device, exactly THRESH's exact
-worst-case guarantee (ThreshParams.total_epsilon) spread evenly over the epochs (eps_total / T per epoch).
+The protocol names its baseline (``baseline_table()`` on its parameter class: the baseline's [protocol] table
+at the same total guarantee, e.g. THRESH's exact worst case spread evenly over the epochs). Both runs share
+the world, seed and network.
 Writes compare.csv (per epoch: truth, both estimates, both errors, both mean and max cumulative spend),
 compare.json (the error and spend summaries side by side) and compare.png.
 """
@@ -19,22 +20,27 @@ from scenarios.schema import Scenario, ScenarioError, apply_overrides, parse
 
 
 def naive_twin(sc: Scenario) -> Scenario:
-    """The same scenario with THRESH replaced by per-epoch randomized response at THRESH's total budget."""
-    p = sc.protocol
+    """The same scenario with the protocol replaced by its baseline at the same total budget."""
+    baseline = getattr(sc.protocol, "baseline_table", None)
+    if baseline is None:
+        raise ScenarioError(f"protocol.name: compare needs a protocol that names an equal-budget baseline "
+                            f"(baseline_table on its parameter class); {sc.protocol.name!r} does not")
     raw = apply_overrides(sc.raw, [])
     raw.pop("collector", None)
-    raw["protocol"] = {"name": "epochrr", "epsilon": p.total_epsilon, "epoch_length": p.epoch_length}
+    raw["protocol"] = baseline()
     return parse(raw)
 
 
 def compare(sc: Scenario, out: Path) -> dict:
-    if sc.protocol.name != "thresh":
-        raise ScenarioError(f"protocol.name: compare takes a thresh scenario, got {sc.protocol.name!r}")
+    """Run ``sc`` and its naive twin; write compare.csv, compare.json and compare.png to ``out``. The table is
+    keyed by the protocol's name and "naive"."""
+    twin = naive_twin(sc)
     out.mkdir(parents=True, exist_ok=True)
-    results = {"thresh": runner.run(sc), "naive": runner.run(naive_twin(sc))}
+    name = sc.protocol.name
+    results = {name: runner.run(sc), "naive": runner.run(twin)}
     summaries = {k: output.summary(r) for k, r in results.items()}
-    epochs = np.array([r.round for r in results["thresh"].rounds])
-    truth = np.array([r.truth for r in results["thresh"].rounds])
+    epochs = np.array([r.round for r in results[name].rounds])
+    truth = np.array([r.truth for r in results[name].rounds])
     cols, header = [epochs, truth], ["epoch", "truth"]
     spend = {}
     for k, r in results.items():
@@ -45,7 +51,7 @@ def compare(sc: Scenario, out: Path) -> dict:
     output.write_csv(out / "compare.csv", header, cols)
     table = {k: {"error": s["error"], "epsilon": s["epsilon"], "updates": s.get("updates"),
                  "per_epoch_epsilon": results[k].scenario.protocol.round_epsilon} for k, s in summaries.items()}
-    table["budget"] = sc.protocol.total_epsilon
+    table["budget"] = twin.protocol.guarantee(twin.collections).value
     (out / "compare.json").write_text(json.dumps(table, indent=2) + "\n", encoding="utf-8")
     _plot(out / "compare.png", epochs, truth, results, sc)
     return table
@@ -61,15 +67,18 @@ def _plot(path: Path, epochs, truth, results, sc: Scenario) -> None:
     top.plot(epochs, truth, color="black", lw=2, label="truth")
     top.plot(epochs, [r.estimate for r in results["naive"].rounds], ".", color="tab:grey", ms=4,
              label=f"naive per-epoch RR (ε/T = {results['naive'].scenario.protocol.round_epsilon:.3g} each)")
-    top.step(epochs, [r.estimate for r in results["thresh"].rounds], where="post", color="tab:orange", lw=1.5,
-             label="THRESH")
-    upd = [r.round for r in results["thresh"].rounds if r.info.get("global_update")]
-    top.plot(upd, [truth[u - 1] for u in upd], "v", color="tab:red", label="THRESH global update")
+    name = sc.protocol.name
+    top.step(epochs, [r.estimate for r in results[name].rounds], where="post", color="tab:orange", lw=1.5,
+             label=name)
+    upd = [r.round for r in results[name].rounds if r.info.get("global_update")]
+    if upd:
+        top.plot(upd, [truth[u - 1] for u in upd], "v", color="tab:red", label=f"{name} global update")
     top.set_ylim(-0.25, 1.25)
     top.set_ylabel("mean of the bits")
-    top.set_title(f"{sc.name}: equal total privacy per device (ε = {sc.protocol.total_epsilon:.3g})", fontsize=10)
+    budget = sc.protocol.guarantee(sc.collections).value
+    top.set_title(f"{sc.name}: equal total privacy per device (ε = {budget:.3g})", fontsize=10)
     top.legend(fontsize=8)
-    for k, color in (("thresh", "tab:orange"), ("naive", "tab:grey")):
+    for k, color in ((name, "tab:orange"), ("naive", "tab:grey")):
         hist = results[k].ledger.history
         bottom.plot(epochs, [h["max"] for h in hist], color=color, lw=1.5, label=f"{k}: max")
         bottom.plot(epochs, [h["mean"] for h in hist], color=color, lw=1, ls="--", label=f"{k}: mean")

@@ -364,7 +364,7 @@ def test_reference_models_are_independent() -> None:
     import ast
     import inspect
 
-    from scenarios import reference
+    from protocols import reference
 
     tree = ast.parse(inspect.getsource(reference))
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}

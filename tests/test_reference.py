@@ -1,4 +1,4 @@
-"""The reference models (scenarios/reference.py) against the vectorized device sides (protocols/).
+"""The reference models (protocols/reference.py) against the vectorized device sides (protocols/).
 
 Both are driven with the same collector messages, private values, presence and downlink loss, for a few
 dozen devices over several rounds, for every protocol: reports (every column) and charges (round, reason,
@@ -27,7 +27,7 @@ from protocols.onebit import OneBitParams
 from protocols.thresh import ThreshParams
 from protocols.topl import ToplParams
 from protocols.tops_protocol import TopsParams
-from scenarios import reference as ref
+from protocols import reference as ref
 
 N = 40
 SEED = 1234

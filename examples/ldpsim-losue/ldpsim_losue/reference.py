@@ -2,7 +2,7 @@
 
 Written from the formulas (ldpsim_losue.losue's module docstring; Arcolezi et al. 2022, arXiv:2111.04636) with
 the math module and loops, sharing no code with the vectorized device side: only the stream keys and the
-pure-Python keyed uniforms of scenarios.reference, which restate protocols.keyed bit for bit.
+pure-Python keyed uniforms of protocols.reference, which restate protocols.keyed bit for bit.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import math
 from typing import Any
 
 from protocols.keyed import Purpose
-from scenarios.reference import (MEMO_REVEAL, ROUND_GUARANTEE, Charge, ReferenceDevice, Report, clip, key,
+from protocols.reference import (MEMO_REVEAL, ROUND_GUARANTEE, Charge, ReferenceDevice, Report, clip, key,
                                  uniform2)
 
 

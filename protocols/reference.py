@@ -146,6 +146,12 @@ class ReferenceDevice:
     """What every device keeps: its id, the seed, its limits, its spend and the last round it answered."""
 
     stages: tuple[str, ...] = ("report",)
+    memoized = False  # the 1BitMean and dBitFlip families: whether reports are memoized (report_charges)
+    revealed: set[int]  # their memo inputs revealed so far
+
+    def round_epsilon(self) -> float:
+        """The per-report loss (the families of report_charges define it)."""
+        raise NotImplementedError
 
     def __init__(self, params: Any, seed: int, device_id: int, limits: Any = None) -> None:
         self.params, self.seed, self.id = params, int(seed), int(device_id)
@@ -210,7 +216,7 @@ class OneBitReference(ReferenceDevice):
 
     def __init__(self, params: Any, seed: int, device_id: int, limits: Any = None) -> None:
         super().__init__(params, seed, device_id, limits)
-        self.memoized = params.name == "1bitrrpm"
+        self.memoized = bool(params.memoized)
         if self.memoized:
             self.s = params.granularity
             self.top = round(params.max_value / self.s)  # grid {0, s, ..., m}: indices 0..m/s
@@ -257,7 +263,7 @@ class DBitFlipReference(ReferenceDevice):
     def __init__(self, params: Any, seed: int, device_id: int, limits: Any = None) -> None:
         super().__init__(params, seed, device_id, limits)
         k, d = params.buckets, params.bits
-        self.memoized = params.name == "dbitflippm"
+        self.memoized = bool(params.memoized)
         if d == k:
             self.J = list(range(k))
         else:  # Floyd's algorithm: for j = k - d .. k - 1, t uniform in 0..j; take t, or j if t is taken
@@ -417,7 +423,7 @@ class EpochRRReference(EpochReference):
         return Report("report", t, {"bit": bit}), [self.charge(t, FRESH_REPORT, eps_t)]
 
 
-_DEPENDENCE: dict[tuple, tuple[bool, bool]] = {}
+_DEPENDENCE: dict[tuple, bool] = {}
 
 
 class ThreshReference(EpochReference):
