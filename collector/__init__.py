@@ -2,6 +2,7 @@
 
 Importing the package imports none of its modules; import the one you need.
 
+- ``stages``: one collection round as a stage machine, walked by both runtimes (request, advance, close);
 - ``process``: the collector as a SimPy process: rounds, deadlines, stages, rejected messages counted;
 - ``network``: the simulated network: keyed per-device loss and latency, downlink loss, traffic counts;
 - ``hostile``: hostile collector behaviors (``[collector] behavior``) for audits of the devices' guarantees;
@@ -9,4 +10,4 @@ Importing the package imports none of its modules; import the one you need.
 - ``spill``: a transcript store on disk for large runs, handed to collector sides by the runtimes.
 """
 
-__all__ = ["hostile", "network", "process", "server", "spill"]
+__all__ = ["hostile", "network", "process", "server", "spill", "stages"]

@@ -8,6 +8,7 @@ from typing import Any, Callable
 
 import simpy
 
+from collector.stages import round_stages
 from collector.hostile import Hostility, describe
 from collector.network import Network
 from protocols import wire
@@ -48,22 +49,24 @@ class CollectorProcess:
     def run_round(self, round_: int, on_close: Callable[[RoundResult], None] | None = None):
         """A SimPy process: broadcast the request, wait for the deadline, ask for the next stage while the
         protocol has one, then close the round."""
-        close_at = self.env.now + self.deadline
-        message = self.protocol.request(round_, close_at)
         self._logged = 0
-        if self.hostility is not None:
-            for extra in self.hostility.start_round():
+        machine = round_stages(self.protocol, round_, self.env.now + self.deadline, self.deadline, self.hostility)
+        closed: float | None = None
+        while True:  # one stage per broadcast (collector/stages.py)
+            try:
+                step = machine.send(closed) if closed is not None else next(machine)
+            except StopIteration as stop:
+                result = stop.value
+                break
+            for extra in step.before:
                 self.broadcast(extra)
-        while message is not None:  # one stage per broadcast (THRESH: votes, then estimates)
-            self.open_until = close_at
-            self.broadcast(message)
-            for extra in self.hostility.after(message) if self.hostility is not None else ():
+            self.open_until = step.closes_at
+            self.broadcast(step.message)
+            for extra in step.after:
                 self.broadcast(extra)
-            yield self.env.timeout(close_at - self.env.now)
+            yield self.env.timeout(step.closes_at - self.env.now)
             self.open_until = None
-            close_at = self.env.now + self.deadline
-            message = self.protocol.advance(close_at)
-        result = self.protocol.close_round()
+            closed = self.env.now
         if on_close is not None:
             on_close(result)
         return result

@@ -42,6 +42,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from collector.stages import round_stages
 from collector.hostile import Hostility, describe
 from collector.process import LOGGED_REJECTIONS_PER_ROUND, CollectorStats
 from protocols import auth, wire
@@ -426,35 +427,35 @@ class LiveCollector:
             self.current_round, self._logged = t, 0
             if honest and self.on_round_start is not None:
                 self.on_round_start(t)
-            close_at = self.nominal_start(t) + self.deadline
-            msg: Message | None
-            later = False  # the open stage was opened by advance (not the round's first)
+            resume = None
             if self.resume_stage is not None and t == first_round:  # resumed at a stage boundary of round t
-                msg, close_at = self.resume_stage
-                self.resume_stage, later = None, True
-            else:
-                msg = self.protocol.request(t, close_at)
-                for hostile in self.hostility.start_round() if self.hostility is not None else ():
-                    await self._broadcast(hostile, close_at - self.deadline)
-            while msg is not None:
+                resume, self.resume_stage = self.resume_stage, None
+            machine = round_stages(self.protocol, t, self.nominal_start(t) + self.deadline, self.deadline,
+                                   self.hostility, resume)
+            closed_at = self.nominal_start(t)
+            while True:  # one stage per broadcast (collector/stages.py)
+                try:
+                    step = next(machine)
+                except StopIteration as stop:
+                    result = stop.value
+                    break
+                for hostile in step.before:
+                    await self._broadcast(hostile, step.opens_at)
                 self._stage_open = True
-                self._stage_frame = frame(wire.encode(msg))  # also sent to a connection that registers mid-stage
-                await self._broadcast(msg, close_at - self.deadline)
-                for hostile in self.hostility.after(msg) if self.hostility is not None else ():
-                    await self._broadcast(hostile, close_at - self.deadline)
+                self._stage_frame = frame(wire.encode(step.message))  # also sent to one that registers mid-stage
+                await self._broadcast(step.message, step.opens_at)
+                for hostile in step.after:
+                    await self._broadcast(hostile, step.opens_at)
                 self._check_acks()
                 try:
                     await asyncio.wait_for(self._acked.wait(), self.settings.stage_timeout)
                 except asyncio.TimeoutError:
                     self.log.warning("stage_timeout", round=t)
-                if later and self.settings.round_pause > 0:  # a stage opened by advance: paced like a round
+                if not step.first and self.settings.round_pause > 0:  # opened by advance: paced like a round
                     await asyncio.sleep(self.settings.round_pause)
-                later = True
                 self._stage_open = False
                 self._stage_frame = None
-                closed_at, close_at = close_at, close_at + self.deadline
-                msg = self.protocol.advance(close_at)
-            result = self.protocol.close_round()
+                closed_at = step.closes_at
             if honest and self.on_round_closed is not None:
                 self.on_round_closed(t, result, closed_at)
             if self.settings.round_pause > 0:

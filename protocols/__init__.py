@@ -19,7 +19,8 @@ Shared pieces:
 
 - ``base``: the device-side and collector-side interfaces, ``RoundResult``, ``ProtocolError``;
 - ``registry``, ``config``: protocol lookup by name and strict parsing of a ``[protocol]`` table;
-- ``collecting``: the one-report-a-round collector side (batch checks, storage, transcript);
+- ``device``, ``collecting``: the one-report-a-round device-side template (the acceptance rule before any
+  report) and collector side (batch checks, storage, transcript, multi-stage ``Stage``);
 - ``epochs``: per-device epoch means (THRESH, epochrr);
 - ``keyed``: keyed randomness, every draw a pure function of (seed, purpose, context, device);
 - ``memo``: alpha-point rounding and the set of revealed memoized responses;
@@ -36,7 +37,7 @@ Shared pieces:
 """
 
 __all__ = [
-    "auth", "base", "baselines", "collecting", "config", "dbitflip", "epochrr", "epochs", "framing", "guard",
+    "auth", "base", "baselines", "collecting", "config", "dbitflip", "device", "epochrr", "epochs", "framing", "guard",
     "keyed", "ledger", "likelihood", "memo", "messages", "multicounter", "numeric", "onebit", "reference",
     "registry", "round_mechanism", "snapshot", "testing", "thresh", "topl", "tops", "tops_protocol", "transcript", "wire",
     "worst_case",

@@ -45,7 +45,14 @@ def accepts(device: object, request: object, day: int) -> bool:
 
 
 class ProtocolError(ValueError):
-    """A well-formed message the protocol must reject (wrong round, unknown device, bad column...)."""
+    """A peer's doing: a well-formed message the protocol must reject (wrong round, unknown device, bad
+    column...). Runtimes count it against the peer and carry on."""
+
+
+class MisuseError(ValueError):
+    """Local misuse, a programming error in the runtime or a test, never a peer's doing: rounds that do not
+    increase, closing a round that is not open, a snapshot with a stage open, days observed out of order,
+    the wrong number of values for a cohort. Runtimes let it propagate."""
 
 
 #: A round's estimate: a mean, or one value per bucket / counter; a report stage inside a multi-stage collector

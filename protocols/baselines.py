@@ -19,22 +19,22 @@ import numpy as np
 from protocols import config
 from protocols import keyed
 from protocols import likelihood as lik
-from protocols.base import ProtocolParams, accepts, check_params
+from protocols.base import ProtocolParams, check_params
 from protocols.collecting import Column, ReportCollector
 from protocols.dbitflip import bucket_of, histogram
+from protocols.device import OneReportDevices
 from protocols.guard import Guarantee, Guard, Limits
 from protocols.keyed import Purpose, stream_key
 from protocols.ledger import FRESH_REPORT, Charge
-from protocols.messages import CollectionRequest, CollectorMessage, ReportBatch
+from protocols.messages import ReportBatch
 from protocols.round_mechanism import DiscretePair, LaplacePair, RoundMechanism
-from protocols.snapshot import GuardedSnapshot
 from protocols.wire import Bits
 from protocols.wire import bits as wire_bits
 
 KFLIP, LAPLACE = "kflip", "laplace"
 
 
-class FreshDevices(GuardedSnapshot):
+class FreshDevices(OneReportDevices):
     """Device side shared by the fresh-randomness protocols: one report per round, each charged the
     protocol's per-report loss ``params.round_epsilon`` under ``reason``."""
 
@@ -48,25 +48,19 @@ class FreshDevices(GuardedSnapshot):
     def report(self, round_: int, values: np.ndarray) -> dict[str, np.ndarray]:
         raise NotImplementedError
 
-    def check_values(self, values: np.ndarray) -> None:
-        if values.shape != self.device_ids.shape:
-            raise ValueError("one value per device is required")
-
-    def respond(self, request: CollectorMessage, day: int, values: np.ndarray, now: float,
-                present: np.ndarray | None = None) -> tuple[ReportBatch | None, list[Charge]]:
+    def report_batch(self, round_: int, values: np.ndarray, rows: np.ndarray,
+                     now: float) -> tuple[ReportBatch | None, list[Charge]]:
+        """The accepted round's fresh reports of the devices at ``rows`` the budget can pay, each charged the
+        per-report loss through the guard."""
         p = self.params
-        self.check_values(values)
-        if not accepts(self, request, day):
-            return None, []
-        columns = self.report(request.round, values)
-        rows = np.arange(self.device_ids.size) if present is None else np.flatnonzero(present)
+        columns = self.report(round_, values)
         rows = rows[self.guard.affordable(p.round_epsilon, rows)]
         if rows.size != self.device_ids.size:
             columns = {k: (wire_bits(np.asarray(v)[rows]) if isinstance(v, Bits) else v[rows])
                        for k, v in columns.items()}
-        return (ReportBatch(round=request.round, protocol=p.name, devices=self.device_ids[rows].astype(np.uint32),
+        return (ReportBatch(round=round_, protocol=p.name, devices=self.device_ids[rows].astype(np.uint32),
                             columns=columns),
-                [self.guard.charge(request.round, now, self.reason, p.round_epsilon, rows)])
+                [self.guard.charge(round_, now, self.reason, p.round_epsilon, rows)])
 
 
 # ------------------------------------------------------------------------------------------- k-ary RR

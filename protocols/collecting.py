@@ -16,7 +16,7 @@ from numpy.typing import DTypeLike
 
 from protocols import snapshot as snap
 from protocols import transcript as canonical
-from protocols.base import Estimate, ProtocolError, RoundResult
+from protocols.base import Estimate, MisuseError, ProtocolError, RoundResult
 from protocols.messages import CollectionRequest, ReportBatch
 
 SPILL_BYTES = 256 << 20  # in-memory transcript beyond which round records go to ``ReportCollector.spill``
@@ -86,7 +86,7 @@ class ReportCollector:
     # -------------------------------------------------------------------------------- rounds
     def request(self, round_: int, deadline: float) -> CollectionRequest:
         if round_ <= self.round:
-            raise ValueError("rounds must increase")
+            raise MisuseError("rounds must increase")
         self.round = round_
         self._present = np.zeros(self.n_devices, dtype=bool)
         self._data = {c.name: np.zeros((self.n_devices, c.width), dtype=c.dtype) for c in self.columns}
@@ -119,7 +119,7 @@ class ReportCollector:
 
     def close_round(self) -> RoundResult:
         if self._present is None:
-            raise ValueError("no open round")
+            raise MisuseError("no open round")
         present = self._present
         if present.all():
             reports = self._data
@@ -190,7 +190,7 @@ class ReportCollector:
         after ``advance`` opened it: restored open, empty). ``records=False`` leaves the records out (a journal
         that stores them apart, once each)."""
         if self._present is not None and (not boundary or self._present.any()):
-            raise ValueError(f"{self.name}: a collector is snapshotted between rounds, not with a stage open")
+            raise MisuseError(f"{self.name}: a collector is snapshotted between rounds, not with a stage open")
         out = {"name": self.name, "n_devices": self.n_devices, "round": self.round, "packed": self._bits_only,
                "open": self._present is not None,
                "record_width": self.record_width(),
@@ -287,3 +287,19 @@ class ReportCollector:
                 at += size
             out.append((rnd, values))
         return out
+
+
+class Stage(ReportCollector):
+    """One report stage of a collector side with several (THRESH's votes and estimates, ToPL's holdout and
+    reports): its name, its columns and its own transcript. A round's result is the reports that arrived,
+    column by column (one value per report), for the owning collector side to estimate from."""
+
+    def __init__(self, name: str, columns: tuple[Column, ...], n_devices: int) -> None:
+        self.name, self.columns = name, columns
+        super().__init__(n_devices)
+
+    def estimate(self, reports: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {k: v[:, 0] for k, v in reports.items()}
+
+    def empty_estimate(self) -> dict[str, np.ndarray]:
+        return {c.name: np.empty(0, dtype=c.dtype) for c in self.columns}

@@ -29,15 +29,15 @@ import numpy as np
 from protocols import config
 from protocols import keyed
 from protocols import likelihood as lik
-from protocols.base import ProtocolError, ProtocolParams, accepts, check_params
+from protocols.base import ProtocolError, ProtocolParams, check_params
 from protocols.collecting import Column, ReportCollector
+from protocols.device import OneReportDevices
 from protocols.guard import Guarantee, Guard, Limits
 from protocols.keyed import Purpose, stream_key
 from protocols.ledger import Charge
 from protocols.memo import RevealSet, admit_reports, report_charges
-from protocols.messages import CollectionRequest, CollectorMessage, ReportBatch
+from protocols.messages import ReportBatch
 from protocols.round_mechanism import NoRoundMechanism, RoundMechanism, product, randomized_response
-from protocols.snapshot import GuardedSnapshot
 from protocols.onebit import epsilon_prime
 from protocols.wire import bits as wire_bits
 
@@ -272,7 +272,7 @@ def _report_kernel(ids, buckets, J, pe, qe, key, memoized, flip_key, gamma, out_
 
 
 # ------------------------------------------------------------------------------------------- device side
-class DBitFlipDevices(GuardedSnapshot):
+class DBitFlipDevices(OneReportDevices):
     """Device side for a cohort: J fixed at setup; answers each round at most once."""
 
     def __init__(self, params: DBitFlipParams, seed: int, device_ids: np.ndarray, limits: Limits | None = None) -> None:
@@ -302,22 +302,18 @@ class DBitFlipDevices(GuardedSnapshot):
                        np.uint64(stream_key(self.seed, Purpose.FLIP, round_)), float(p.gamma), out, inputs)
         return out, inputs
 
-    def respond(self, request: CollectorMessage, day: int, values: np.ndarray, now: float,
-                present: np.ndarray | None = None) -> tuple[ReportBatch | None, list[Charge]]:
+    def report_batch(self, round_: int, values: np.ndarray, rows: np.ndarray,
+                     now: float) -> tuple[ReportBatch | None, list[Charge]]:
+        """The accepted round's d bits (and J when d < k) of the devices at ``rows``, charged through the guard."""
         p = self.params
-        if values.shape != self.device_ids.shape:
-            raise ValueError("one value per device is required")
-        if not accepts(self, request, day):
-            return None, []
-        bits, inputs = self.report_bits(request.round, values)
-        rows = np.arange(self.device_ids.size) if present is None else np.flatnonzero(present)
+        bits, inputs = self.report_bits(round_, values)
         rows, new = admit_reports(self.guard, p, rows, self.reveals, inputs)
-        charges = report_charges(self.guard, p, request.round, now, rows, new)
+        charges = report_charges(self.guard, p, round_, now, rows, new)
         ids, bits, J = self.device_ids[rows], bits[rows], self.J[rows]
         columns = {"b": wire_bits(bits)}
         if p.bits < p.buckets:
             columns["j"] = J.astype(p.bucket_dtype)
-        return ReportBatch(round=request.round, protocol=p.name, devices=ids.astype(np.uint32),
+        return ReportBatch(round=round_, protocol=p.name, devices=ids.astype(np.uint32),
                            columns=columns), charges
 
 

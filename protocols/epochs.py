@@ -10,6 +10,8 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
+from protocols.base import MisuseError
+
 
 @nb.njit(cache=True)
 def _add_bits(acc, values):
@@ -34,7 +36,7 @@ class EpochMeans:
     def observe(self, day: int, values: np.ndarray, present: np.ndarray | None = None) -> None:
         """Record the day's private bits of the devices ``present`` (days in order, each once)."""
         if day != self._day + 1:
-            raise ValueError(f"days are observed in order: expected {self._day + 1}, got {day}")
+            raise MisuseError(f"days are observed in order: expected {self._day + 1}, got {day}")
         self._day = day
         bits = np.ascontiguousarray(values, dtype=np.float64)
         if present is not None:

@@ -14,6 +14,7 @@ from typing import Protocol
 import numba as nb
 import numpy as np
 
+from protocols.base import MisuseError
 from protocols.guard import Guard
 from protocols.ledger import FRESH_REPORT, MEMO_REVEAL, ROUND_GUARANTEE, Charge
 
@@ -194,7 +195,7 @@ def admit_reports(guard: Guard, params: ChargedParams, rows: np.ndarray, reveals
     if reveals is None:
         return rows[guard.affordable(params.round_epsilon, rows)], None
     if inputs is None:
-        raise ValueError("memoized reports need the memoization input of every device")
+        raise MisuseError("memoized reports need the memoization input of every device")
     if guard.limits.budget is None:
         return rows, reveals.insert(rows, inputs[rows])
     new = ~reveals.contains(rows, inputs[rows])

@@ -33,7 +33,7 @@ import numpy as np
 
 from protocols import config
 from protocols import keyed
-from protocols.base import ProtocolParams, check_params
+from protocols.base import MisuseError, ProtocolParams, check_params
 from protocols.baselines import FreshDevices
 from protocols.collecting import Column, ReportCollector
 from protocols.guard import Guarantee, Limits
@@ -159,9 +159,9 @@ class MultiDevices(FreshDevices):
 
     def check_values(self, values: np.ndarray) -> None:
         if values.ndim != 2 or values.shape != (self.device_ids.size, self.params.counters):
-            raise ValueError(f"{self.params.counters} counters per device are required")
+            raise MisuseError(f"{self.params.counters} counters per device are required")
         if np.any(values.sum(axis=1) > self.params.max_value * (1 + 1e-9)):
-            raise ValueError("the counters of a device must sum to at most max_value")
+            raise MisuseError("the counters of a device must sum to at most max_value")
 
 
 class MultiCollector(ReportCollector):

@@ -21,15 +21,15 @@ import numpy as np
 from protocols import config
 from protocols import keyed
 from protocols import likelihood as lik
-from protocols.base import ProtocolParams, accepts, check_params
+from protocols.base import MisuseError, ProtocolParams, check_params
 from protocols.collecting import Column, ReportCollector
+from protocols.device import OneReportDevices
 from protocols.guard import Guarantee, Guard, Limits
 from protocols.keyed import Purpose, stream_key
 from protocols.ledger import Charge
 from protocols.memo import RevealSet, admit_reports, report_charges
-from protocols.messages import CollectionRequest, CollectorMessage, ReportBatch
+from protocols.messages import ReportBatch
 from protocols.round_mechanism import NoRoundMechanism, RoundMechanism, randomized_response
-from protocols.snapshot import GuardedSnapshot
 from protocols.wire import bits as wire_bits
 
 NAIVE, MEMOIZED = "1bitmean", "1bitrrpm"
@@ -252,7 +252,7 @@ def _fresh_kernel(ids, values, m, p0, slope, report_key, flip_key, gamma, out_bi
 
 
 # ------------------------------------------------------------------------------------------- device side
-class OneBitDevices(GuardedSnapshot):
+class OneBitDevices(OneReportDevices):
     """Device side for a cohort: answers each round at most once, memo state and reveals kept per device."""
 
     def __init__(self, params: OneBitParams, seed: int, device_ids: np.ndarray, limits: Limits | None = None) -> None:
@@ -260,7 +260,7 @@ class OneBitDevices(GuardedSnapshot):
         self.seed = int(seed)
         self.device_ids = np.ascontiguousarray(device_ids, dtype=np.uint64)
         if self.device_ids.size > 1 and np.any(np.diff(self.device_ids.astype(np.int64)) <= 0):
-            raise ValueError("device ids must be strictly increasing")
+            raise MisuseError("device ids must be strictly increasing")
         self.guard = Guard(self.device_ids, limits)
         self.reveals: RevealSet | None = None
         e = math.exp(params.epsilon)
@@ -287,21 +287,14 @@ class OneBitDevices(GuardedSnapshot):
                       float(p.gamma), out)
         return out, None
 
-    def respond(self, request: CollectorMessage, day: int, values: np.ndarray, now: float,
-                present: np.ndarray | None = None) -> tuple[ReportBatch | None, list[Charge]]:
-        """Answer a collection request for the current ``day`` with the devices ``present`` (default all);
-        refuse other protocols, other rounds and repeats (privacy is enforced here, whatever the collector
-        asks)."""
+    def report_batch(self, round_: int, values: np.ndarray, rows: np.ndarray,
+                     now: float) -> tuple[ReportBatch | None, list[Charge]]:
+        """The accepted round's bits of the devices at ``rows``; memo reveals charged eps, through the guard."""
         p = self.params
-        if values.shape != self.device_ids.shape:
-            raise ValueError("one value per device is required")
-        if not accepts(self, request, day):
-            return None, []
-        bits, grid = self.report_bits(request.round, values)
-        rows = np.arange(self.device_ids.size) if present is None else np.flatnonzero(present)
+        bits, grid = self.report_bits(round_, values)
         rows, new = admit_reports(self.guard, p, rows, self.reveals, grid)
-        charges = report_charges(self.guard, p, request.round, now, rows, new)
-        batch = ReportBatch(round=request.round, protocol=p.name, devices=self.device_ids[rows].astype(np.uint32),
+        charges = report_charges(self.guard, p, round_, now, rows, new)
+        batch = ReportBatch(round=round_, protocol=p.name, devices=self.device_ids[rows].astype(np.uint32),
                             columns={"bit": wire_bits(bits[rows])})
         return batch, charges
 

@@ -44,8 +44,8 @@ import numpy as np
 from protocols import config
 from protocols import keyed, transcript
 from protocols import snapshot as snap
-from protocols.base import ProtocolError, ProtocolParams, RoundResult, check_params
-from protocols.collecting import Column, ReportCollector
+from protocols.base import MisuseError, ProtocolError, ProtocolParams, RoundResult, check_params
+from protocols.collecting import Column, Stage
 from protocols.epochs import EpochMeans
 from protocols.guard import Guarantee, Guard, Limits
 from protocols.keyed import Purpose, stream_key
@@ -505,16 +505,9 @@ class ThreshDevices(EpochMeans):
 
 
 # ------------------------------------------------------------------------------------------- collector side
-class _Stage(ReportCollector):
-    """One of THRESH's two report stages: a bit per device, kept with its own transcript."""
-
-    def __init__(self, name: str, column: str, n_devices: int) -> None:
-        self.name, self.columns = name, (Column(column, np.uint8, high=1),)
-        self.column = column
-        super().__init__(n_devices)
-
-    def estimate(self, reports: dict[str, np.ndarray]) -> float:
-        return float(reports[self.column].mean())
+def _mean(bits: np.ndarray) -> float:
+    """The mean of the reported bits (NaN when none arrived)."""
+    return float(bits.mean()) if bits.size else math.nan
 
 
 class ThreshCollector:
@@ -523,9 +516,9 @@ class ThreshCollector:
     def __init__(self, params: ThreshParams, n_devices: int) -> None:
         self.params, self.name = params, params.name
         self.n_devices = int(n_devices)
-        self.votes = _Stage(params.name, "vote", n_devices)
-        self.estimates = _Stage(params.name, "est", n_devices)
-        self.stage: _Stage | None = None
+        self.votes = Stage(params.name, (Column("vote", np.uint8, high=1),), n_devices)
+        self.estimates = Stage(params.name, (Column("est", np.uint8, high=1),), n_devices)
+        self.stage: Stage | None = None
         self.epoch = 0
         self.estimate = math.nan  # no estimate before the first global update
         self._vote_mean = math.nan
@@ -539,7 +532,7 @@ class ThreshCollector:
         "estimate", restored so; the decision message is :meth:`open_message`)."""
         boundary = self.stage is self.estimates
         if self.stage is not None and not boundary:
-            raise ValueError("thresh: a collector is snapshotted between epochs, not with a stage open")
+            raise MisuseError("thresh: a collector is snapshotted between epochs, not with a stage open")
         stages = {n: s.stage_snapshot(records, boundary=boundary) for n, s in self.stages()}
         return {"protocol": self.name, "stages": stages, "open_stage": "estimate" if boundary else "",
                 "epoch": self.epoch, "estimate": float(self.estimate),
@@ -587,9 +580,9 @@ class ThreshCollector:
         """At a stage's deadline: after the votes, decide and ask for estimates; after the estimates, done."""
         if self.stage is self.votes:
             res = self.votes.close_round()
-            assert isinstance(res.estimate, float)  # a _Stage's mean bit
-            self._vote_mean, self._vote_reports = res.estimate, res.reports
-            honest = res.reports > 0 and res.estimate > self._threshold(res.reports)
+            assert isinstance(res.estimate, dict)  # a Stage's reports by column
+            self._vote_mean, self._vote_reports = _mean(res.estimate["vote"]), res.reports
+            honest = res.reports > 0 and self._vote_mean > self._threshold(res.reports)
             self._update = honest or self.params.behavior == "always_update"
             self.stage = self.estimates
             self.estimates.request(self.epoch, deadline)
@@ -603,17 +596,17 @@ class ThreshCollector:
 
     def close_round(self) -> RoundResult:
         res = self.estimates.close_round()
-        assert isinstance(res.estimate, float)  # a _Stage's mean bit
+        assert isinstance(res.estimate, dict)  # a Stage's reports by column
         self.stage = None
         if self._update:
             e = math.exp(self.params.estimate_noise)
             if res.reports:
-                self.estimate = (res.estimate * (e + 1) - 1) / (e - 1)
+                self.estimate = (_mean(res.estimate["est"]) * (e + 1) - 1) / (e - 1)
         return RoundResult(round=self.epoch, estimate=self.estimate, reports=res.reports,
                            info={"global_update": self._update, "vote_mean": self._vote_mean,
                                  "votes": self._vote_reports})
 
-    def stages(self) -> list[tuple[str, _Stage]]:
+    def stages(self) -> list[tuple[str, Stage]]:
         """The report stages in protocol order: the votes, then the estimates."""
         return [("vote", self.votes), ("estimate", self.estimates)]
 

@@ -29,8 +29,8 @@ import numpy as np
 from protocols import config
 from protocols import keyed, numeric, transcript
 from protocols import snapshot as snap
-from protocols.base import ProtocolError, ProtocolParams, RoundResult, check_params
-from protocols.collecting import Column, ReportCollector
+from protocols.base import MisuseError, ProtocolError, ProtocolParams, RoundResult, check_params
+from protocols.collecting import Column, Stage
 from protocols.guard import Guarantee, Guard, Limits
 from protocols.keyed import Purpose, stream_key
 from protocols.ledger import Charge
@@ -327,34 +327,22 @@ class ToplDevices:
         return self._report(r, here & (self.version > 0), values, now, holdout_stage=False)
 
 
-class _Stage(ReportCollector):
-    def __init__(self, name: str, columns: tuple[Column, ...], n_devices: int) -> None:
-        self.name, self.columns = name, columns
-        super().__init__(n_devices)
-
-    def estimate(self, reports: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return {k: v[:, 0] for k, v in reports.items()}
-
-    def empty_estimate(self) -> dict[str, np.ndarray]:
-        return {c.name: np.empty(0) for c in self.columns}
-
-
 class ToplCollector:
     """Collector side: holdout stage (SW + EM + threshold) in threshold rounds, then HM reports."""
 
     def __init__(self, params: ToplParams, n_devices: int) -> None:
         self.params, self.name, self.n_devices = params, params.name, int(n_devices)
         b = numeric.sw_b(params.threshold_epsilon)
-        self.holdout = _Stage(params.name, (Column("s", np.float64, low=-b, high=1 + b),), n_devices)
+        self.holdout = Stage(params.name, (Column("s", np.float64, low=-b, high=1 + b),), n_devices)
         c = hm_bound(params.epsilon)
-        self.reports = _Stage(params.name, (Column("y", np.float64, low=-c - 1e-9, high=c + 1e-9),
+        self.reports = Stage(params.name, (Column("y", np.float64, low=-c - 1e-9, high=c + 1e-9),
                                              Column("v", np.uint32, low=1)), n_devices)
         self.thetas: dict[int, float] = {}  # version -> theta
         self.history: list[tuple[int, float]] = []  # (round, theta chosen)
         self.oracle_values: np.ndarray | None = None  # method "oracle": the round's true values (reference)
         self._m: np.ndarray | None = None
         self.round = 0
-        self.stage: _Stage | None = None
+        self.stage: Stage | None = None
         self._holdout_reports = 0
         self.pinned: dict[int, float] = {}  # version -> theta already broadcast (by an earlier instance)
 
@@ -363,7 +351,7 @@ class ToplCollector:
         version's threshold round runs again (a collector resumed mid-round), the same theta is broadcast, so
         no device ever holds a version that decodes with another theta."""
         if version in self.thetas and self.thetas[version] != theta:
-            raise ValueError(f"threshold version {version} is {self.thetas[version]}, not {theta}")
+            raise MisuseError(f"threshold version {version} is {self.thetas[version]}, not {theta}")
         self.pinned[int(version)] = float(theta)
 
     def snapshot(self, records: bool = True) -> dict:
@@ -374,7 +362,7 @@ class ToplCollector:
         boundary = self.stage is self.reports and self.params.threshold_round(self.round) \
             and bool(self.history) and self.history[-1][0] == self.round
         if self.stage is not None and not boundary:
-            raise ValueError("topl: a collector is snapshotted between rounds, not with a stage open")
+            raise MisuseError("topl: a collector is snapshotted between rounds, not with a stage open")
         versions = sorted(self.thetas)
         stages = {n: s.stage_snapshot(records, boundary=boundary) for n, s in self.stages()}
         return {"protocol": self.name, "stages": stages, "open_stage": "report" if boundary else "",
@@ -454,7 +442,7 @@ class ToplCollector:
             return None
         p = self.params
         res = self.holdout.close_round()
-        assert isinstance(res.estimate, dict)  # a _Stage's reports by column
+        assert isinstance(res.estimate, dict)  # a Stage's reports by column
         self._holdout_reports = res.reports
         if p.method == "oracle" and self.oracle_values is not None:
             dens = np.histogram(self.oracle_values, bins=p.bins, range=(0, p.max_value))[0].astype(np.float64)
@@ -474,7 +462,7 @@ class ToplCollector:
 
     def close_round(self) -> RoundResult:
         res = self.reports.close_round()
-        assert isinstance(res.estimate, dict)  # a _Stage's reports by column
+        assert isinstance(res.estimate, dict)  # a Stage's reports by column
         self.stage = None
         y, v = res.estimate["y"], res.estimate["v"].astype(np.int64)
         if res.reports:
@@ -488,7 +476,7 @@ class ToplCollector:
         self._holdout_reports = 0
         return RoundResult(round=self.round, estimate=est, reports=res.reports, info=info)
 
-    def stages(self) -> list[tuple[str, _Stage]]:
+    def stages(self) -> list[tuple[str, Stage]]:
         """The report stages in protocol order: the holdout's SW reports, then the HM reports (with ``v``)."""
         return [("holdout", self.holdout), ("report", self.reports)]
 
