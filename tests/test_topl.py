@@ -153,3 +153,22 @@ def test_rethreshold_on_demand_and_a_fresh_holdout_each_time() -> None:
     assert 0 < np.mean(h1 & h5) < 0.5 * np.mean(h1)  # different devices each time (about 5% of 5%)
     with pytest.raises(schema.ScenarioError, match="protocol.rethreshold_at"):
         schema.load("topl_pos", ["rounds=12", "protocol.rethreshold_at=[20]"])
+
+
+def test_reports_leave_the_device_on_the_grid() -> None:
+    """Square Wave and HM reports are randomized-rounded to 2^16 steps of their range (numeric.snap): a float
+    computed from x would carry x in its low bits (docs/privacy_audit.md). Every stored report is on the grid."""
+    from protocols import numeric, testing
+    from protocols.topl import hm_bound
+    from scenarios import privacy_audit, runner
+
+    sc = testing.scenario_for({"name": "topl", "epsilon": 1.0, "max_value": 1.0, "holdout": 0.3,
+                               "rethreshold_every": 2}, devices=400, rounds=4)
+    stages = {st.name: st for st in privacy_audit.stages_of(runner.run(sc))}
+    b, c = numeric.sw_b(1.0), hm_bound(1.0)
+    for name, column, low, high in (("holdout", "s", -b, 1 + b), ("report", "y", -c, c)):
+        present, reports = stages[name].decode(0, sc.devices)
+        y = np.concatenate([r[column][:, 0][p] for r, p in zip(reports, present.T)])
+        assert y.size > 100
+        n = (y - low) / ((high - low) / 2**numeric.GRID_BITS)
+        assert np.all(np.abs(n - np.rint(n)) < 1e-6), name
