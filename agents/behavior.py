@@ -72,7 +72,9 @@ WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 class BehaviorError(ValueError):
     """A behavior that cannot be used; ``key`` names the parameter at fault ("" for the behavior itself)."""
 
-    def __init__(self, key: str, message: str) -> None:
+    def __init__(self, key: str, message: str | None = None) -> None:
+        if message is None:  # rebuilt from its text alone (SimPy re-raises a process's error as type(e)(*e.args))
+            key, message = "", key
         super().__init__(f"{key}: {message}" if key else message)
         self.key, self.message = key, message
 

@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from agents.behavior import BehaviorError
 from scenarios.schema import ScenarioError, load
 
 
@@ -452,6 +453,9 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except ScenarioError as exc:
         print(f"ldpsim: error: {exc}", file=sys.stderr)
+        return 2
+    except BehaviorError as exc:  # a scripted behavior that failed during the run (agents/behavior.py)
+        print(f"ldpsim: error: behavior: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("ldpsim: interrupted", file=sys.stderr)

@@ -374,3 +374,22 @@ def test_the_cli_reports_an_unimportable_module_in_one_line(tmp_path: Path, caps
     assert err.startswith("ldpsim: error: population.groups[0].behavior: module 'my_missing_module' is not "
                           "importable")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_behavior_failing_mid_run_is_a_one_line_error(tmp_path, monkeypatch, capsys) -> None:
+    """A user's behavior that passes the load-time trial call but raises in round 3: exit status 2 and one line
+    naming the behavior and the round, not a traceback."""
+    from scenarios.cli import main
+
+    (tmp_path / "explodes_late.py").write_text(
+        "def explode(day, ids, value, at=3):\n"
+        "    if day.round >= at:\n"
+        "        raise RuntimeError('boom')\n"
+        "    return value\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code = main(["run", "quickstart", "--set", "population.devices=300", "--set",
+                 'population.groups.0.behavior="explodes_late:explode"', "--out", str(tmp_path / "run"), "--quiet"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert err[-1].startswith("ldpsim: error: behavior:") and "round 3" in err[-1] and "boom" in err[-1]
+    assert not any("Traceback" in line for line in err)
