@@ -33,12 +33,11 @@ Shared pieces:
 - ``transcript``, ``snapshot``: the canonical transcript digest, and snapshots of protocol state;
 - ``reference``: one-device reference models in plain Python, written from the formulas apart from the
   vectorized device sides, which ``ldpsim audit`` replays;
-- ``testing``: the conformance kit every protocol (built in or a plugin) must pass, for test suites.
 """
 
 __all__ = [
     "auth", "base", "baselines", "collecting", "config", "dbitflip", "device", "epochrr", "epochs", "framing", "guard",
     "keyed", "ledger", "likelihood", "memo", "messages", "multicounter", "numeric", "onebit", "reference",
-    "registry", "round_mechanism", "snapshot", "testing", "thresh", "topl", "tops", "tops_protocol", "transcript", "wire",
+    "registry", "round_mechanism", "snapshot", "thresh", "topl", "tops", "tops_protocol", "transcript", "wire",
     "worst_case",
 ]

@@ -1,4 +1,4 @@
-"""Every built-in protocol through the conformance kit (protocols/testing.py), the same checks a plugin's own
+"""Every built-in protocol through the conformance kit (scenarios/conformance.py), the same checks a plugin's own
 tests run: cohort split, live equals simulated, wire round-trip and fuzz, hostile collectors, audit, privacy
 audit."""
 
@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from protocols import registry, testing
+from protocols import registry
+from scenarios import conformance as testing
 from scenarios import privacy_audit
 
 #: the [protocol] table each built-in protocol is checked with (the privacy audit's defaults; THRESH with

@@ -36,8 +36,11 @@ from protocols.round_mechanism import (DiscretePair, LaplacePair, NoRoundMechani
 from protocols.topl import ToplParams, hm_pair, sw_pair
 from scenarios import accounting, output, runner, schema
 
-needs_dp = pytest.mark.skipif(accounting.dependency_problem() is not None,
-                              reason="dp-accounting is missing (it is in the test extra)")
+
+
+def test_dp_accounting_is_installed() -> None:
+    """The accountant's tests need dp-accounting, which the test extra installs (never skipped)."""
+    assert accounting.dependency_problem() is None, accounting.dependency_problem()
 
 M = 100.0
 FRESH = {
@@ -342,7 +345,6 @@ def _rr_epsilon(delta: float, eps0: float, count: int) -> float:
     return hi
 
 
-@needs_dp
 @pytest.mark.parametrize("eps", [0.3, 1.0])
 def test_accountant_equals_exact_randomized_response_composition(eps: float) -> None:
     """1BitMean is randomized response: its T-round eps(delta) has a closed form (binomial privacy loss), and
@@ -372,7 +374,6 @@ def _pure_tolerance(table: accounting.EpsDeltaTable, t: int) -> float:
     return t * per_round * grid.interval + 1e-9 * table.basic[t - 1]
 
 
-@needs_dp
 @pytest.mark.parametrize("name", ["1bitmean", "1bitmean-gamma", "dbitflip-d2", "dbitflip-d1", "kflip", "binflip",
                                   "1bitmulti-2", "epochrr", "topl", "topl-two-eps"])
 def test_delta_to_zero_is_never_below_the_exact_pure_bound(name: str) -> None:
@@ -389,7 +390,6 @@ def test_delta_to_zero_is_never_below_the_exact_pure_bound(name: str) -> None:
         assert eps <= table.basic[t - 1] + _pure_tolerance(table, t)
 
 
-@needs_dp
 @pytest.mark.parametrize("name", sorted(FRESH))
 def test_never_above_basic_composition(name: str) -> None:
     """After every round, for both deltas, eps(delta) <= t x eps_round up to the discretization's allowance."""
@@ -415,7 +415,6 @@ def _drv(eps: float, k: int, delta: float) -> float:
     return math.sqrt(2 * k * math.log(1 / delta)) * eps + k * eps * math.expm1(eps)
 
 
-@needs_dp
 @pytest.mark.parametrize("eps, rounds, share", [(1.0, 365, 0.75), (0.1, 365, 0.40), (0.3, 400, 0.45)])
 def test_many_rounds_are_well_below_basic_composition_and_advanced_bounds(eps: float, rounds: int,
                                                                           share: float) -> None:
@@ -434,7 +433,6 @@ def test_many_rounds_are_well_below_basic_composition_and_advanced_bounds(eps: f
     assert 1.5 < excess[1] / excess[0] < 2.5
 
 
-@needs_dp
 def test_laplace_single_round_has_the_closed_form() -> None:
     """One continuous Laplace round at eps: delta(e) = 1 - e^((e - eps)/2), so eps(delta) = eps + 2 ln(1 - delta);
     the discrete (grid) Laplace is within a step of it. The accountant is above it and within an interval."""
@@ -445,7 +443,6 @@ def test_laplace_single_round_has_the_closed_form() -> None:
             assert exact - 2e-3 <= table[0][i][0] <= exact + table[1].interval + 2e-3
 
 
-@needs_dp
 @pytest.mark.parametrize("name", ["1bitmean", "kflip", "laplace", "1bitmulti-3", "topl-two-eps"])
 def test_fast_epsilon_for_delta_is_the_librarys(name: str) -> None:
     """The accountant reads eps(delta) with numpy; dp-accounting's own get_epsilon_for_delta gives the same."""
@@ -462,7 +459,6 @@ def test_fast_epsilon_for_delta_is_the_librarys(name: str) -> None:
                 assert ours == pytest.approx(theirs, rel=1e-9, abs=1e-9), (t, delta)
 
 
-@needs_dp
 def test_results_are_cached_per_run() -> None:
     params = OneBitParams("1bitmean", 0.8, M)
     first = accounting.account(params, 50)
@@ -478,7 +474,6 @@ def _run(tmp_path: Path, name: str, sets: list[str]) -> tuple[dict, Path]:
     return json.loads((out / "summary.json").read_text()), out
 
 
-@needs_dp
 def test_summary_and_table_in_a_run(tmp_path: Path) -> None:
     s, out = _run(tmp_path, "quickstart", ["protocol.name=1bitmean", "rounds=6"])
     entry = s["privacy"]["eps_delta"]

@@ -158,7 +158,8 @@ def test_rethreshold_on_demand_and_a_fresh_holdout_each_time() -> None:
 def test_reports_leave_the_device_on_the_grid() -> None:
     """Square Wave and HM reports are randomized-rounded to 2^16 steps of their range (numeric.snap): a float
     computed from x would carry x in its low bits (docs/privacy_audit.md). Every stored report is on the grid."""
-    from protocols import numeric, testing
+    from protocols import numeric
+    from scenarios import conformance as testing
     from protocols.topl import hm_bound
     from scenarios import privacy_audit, runner
 

@@ -29,7 +29,8 @@ try:
 except ImportError:  # not installed: run from the source folder
     sys.path.insert(0, str(HERE))
 
-from protocols import registry, testing  # noqa: E402
+from protocols import registry
+from scenarios import conformance as testing  # noqa: E402
 from protocols.messages import CollectionRequest  # noqa: E402
 from scenarios.metrics import clip_renormalize as _clip_one  # noqa: E402
 
@@ -236,10 +237,9 @@ def test_cross_check_against_multi_freq_ldpy() -> None:
 
 
 # ------------------------------------------------------------------------------------------------ registration
-@pytest.mark.skipif(not entry_point_installed(), reason="ldpsim-losue is not installed (pip install -e "
-                                                        "examples/ldpsim-losue)")
 def test_ldpsim_protocols_lists_losue() -> None:
     """Installed, the entry point registers ``losue``: the registry finds it and ``ldpsim protocols`` lists it."""
+    assert entry_point_installed(), "ldpsim-losue is not installed: pip install -e examples/ldpsim-losue"
     entry = registry.lookup(LOSUE)
     assert entry.params is LosueParams and entry.source == "plugin: ldpsim-losue"
     out = subprocess.run([sys.executable, "-m", "scenarios.cli", "protocols", "--json"], capture_output=True,

@@ -16,8 +16,7 @@ A protocol (built in or a plugin, protocols/registry.py) passes when, on a small
 - :func:`check_privacy_audit`: ``ldpsim privacy-audit``'s lower bounds are not above the claims.
 
 :func:`run_conformance` runs them all. A plugin's tests call it (or one check per test) on a scenario from
-:func:`scenario_for`. Unlike the rest of protocols/, this module drives the runtimes (agents/, collector/,
-scenarios/, imported inside the checks): it is a test utility, imported by no protocol.
+:func:`scenario_for`. It drives the runtimes, so it lives with them (scenarios/), not in the sans-IO protocols/.
 """
 
 from __future__ import annotations
@@ -29,6 +28,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+
+from protocols import keyed
+from protocols.keyed import Purpose, stream_key
 
 __all__ = ["CHECKS", "ConformanceError", "check_audit", "check_cohort_split", "check_hostile",
            "check_live_equals_simulated", "check_privacy_audit", "check_wire", "run_conformance", "scenario_for"]
@@ -144,12 +146,13 @@ def check_wire(sc: Any, mutations: int = 2000, seed: int = 0) -> dict[str, int]:
             raise _fail("wire", "a report batch does not decode to itself")
     if wire.decode(frames[0]) != request:
         raise _fail("wire", "a collection request does not decode to itself")
-    rng = np.random.default_rng(seed)
     counts = {"rejected": 0, "decoded": 0, "taken": 0, "refused": 0}
-    for _ in range(mutations):
-        data = bytearray(frames[int(rng.integers(len(frames)))])
-        for _ in range(int(rng.integers(1, 4))):
-            data[int(rng.integers(len(data)))] = int(rng.integers(256))
+    key = stream_key(seed, Purpose.REPORT, 0xF022)  # keyed draws: mutation i is a pure function of (seed, i)
+    for i in range(mutations):
+        u = keyed.uniform(key, np.arange(8 * i, 8 * i + 8, dtype=np.uint64))
+        data = bytearray(frames[int(u[0] * len(frames))])
+        for j in range(1 + int(u[1] * 3)):
+            data[int(u[2 + 2 * j] * len(data))] = int(u[3 + 2 * j] * 256)
         try:
             msg = wire.decode(bytes(data))
         except wire.WireError:
