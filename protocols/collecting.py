@@ -166,6 +166,18 @@ class ReportCollector:
         report's column values (little-endian, in column order; zeros when absent). ``lo`` a multiple of 8."""
         return self._rows(record, lo, hi)
 
+    def record_columns(self, record: Any, lo: int, hi: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Devices lo..hi-1 of a stored round record decoded: presence (bool per device) and each column as
+        (devices, width) values in its dtype (zeros when absent). ``lo`` a multiple of 8."""
+        rows = self._rows(record, lo, hi)
+        columns, at = {}, 1
+        for c in self.columns:
+            dt = np.dtype(c.dtype).newbyteorder("<")
+            size = dt.itemsize * c.width
+            columns[c.name] = np.ascontiguousarray(rows[:, at:at + size]).view(dt).reshape(hi - lo, c.width)
+            at += size
+        return rows[:, 0].astype(bool), columns
+
     def _rows(self, record: Any, lo: int, hi: int) -> np.ndarray:
         """Devices lo..hi-1 of a stored round record, unpacked (lo a multiple of 8 when packed)."""
         if not isinstance(record, np.ndarray):  # spilled by the runtime

@@ -166,33 +166,24 @@ class Reports:
 
 def decode(stage: Any, column: str, rounds: np.ndarray) -> Reports:
     """Read ``column`` (and dBitFlip's ``j``) of the stored records of a collector stage (protocols.collecting:
-    ``transcript``, ``columns``, ``record_rows``) for the collection ``rounds`` (in that order)."""
+    ``transcript``, ``columns``, ``record_columns``) for the collection ``rounds`` (in that order)."""
     n = int(stage.n_devices)
     by_round = {int(r): rec for r, rec in reversed(stage.transcript)}  # the first record of a round wins
-    spec, at = {}, 1
-    for c in stage.columns:
-        size = np.dtype(c.dtype).itemsize * c.width
-        spec[c.name] = (at, size, np.dtype(c.dtype), c.width)
-        at += size
-    _, _, dtype, width = spec[column]
+    width = next(c.width for c in stage.columns if c.name == column)
+    dtype = np.dtype(next(c.dtype for c in stage.columns if c.name == column))
+    j_width = next((c.width for c in stage.columns if c.name == "j"), None)
     present = np.zeros((n, rounds.size), dtype=bool)
     values = np.zeros((n, rounds.size, width), dtype=dtype)
-    J = np.zeros((n, spec["j"][3]), dtype=np.int64) if "j" in spec else None
+    J = np.zeros((n, j_width), dtype=np.int64) if j_width is not None else None
     have_j = np.zeros(n, dtype=bool)
-
-    def field_of(rows: np.ndarray, name: str) -> np.ndarray:
-        lo, size, dt, w = spec[name]
-        return np.ascontiguousarray(rows[:, lo:lo + size]).view(dt.newbyteorder("<")).reshape(n, w)
-
     for t, rnd in enumerate(rounds.tolist()):
         if rnd not in by_round:
             continue
-        rows = stage.record_rows(by_round[rnd], 0, n)
-        present[:, t] = rows[:, 0].astype(bool)
-        values[:, t] = field_of(rows, column)
+        present[:, t], cols = stage.record_columns(by_round[rnd], 0, n)
+        values[:, t] = cols[column]
         if J is not None:
             new = present[:, t] & ~have_j
-            J[new] = field_of(rows, "j")[new]
+            J[new] = cols["j"][new]
             have_j |= new
     return Reports(rounds, present, values, J)
 

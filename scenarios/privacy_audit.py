@@ -141,19 +141,13 @@ def canary_scenario(table: dict[str, Any], game: Game, trials: int, seed: int,
     if "always_update" in getattr(cls, "collector_behaviors", ()):  # the worst case of a voting protocol
         data["collector"] = {"behavior": "always_update"}
     data = schema.apply_overrides(data, list(overrides))
-    if _has_analysis():
-        data.setdefault("analysis", {"attacks": False})
+    data.setdefault("analysis", {"attacks": False})  # canaries need no attack metrics
     return schema.parse(data)
-
-
-def _has_analysis() -> bool:
-    """Whether scenarios accept an [analysis] table (the audit turns run-time attack metrics off)."""
-    return hasattr(Scenario, "attacks")
 
 
 # ------------------------------------------------------------------------------------------------ transcripts
 @dataclass
-class Stage:
+class StageRecords:
     """One report stage of a finished run: its column layout and stored round records."""
 
     name: str
@@ -167,20 +161,14 @@ class Stage:
         """Canaries lo..hi-1 (lo a multiple of 8): presence (devices, rounds) and each round's columns."""
         present, reports = [], []
         for _, record in self.collector.transcript:
-            rows = self.collector.record_rows(record, lo, hi)
-            present.append(rows[:, 0].astype(bool))
-            cols, at = {}, 1
-            for c in self.columns:
-                dt = np.dtype(c.dtype).newbyteorder("<")
-                size = dt.itemsize * c.width
-                cols[c.name] = np.ascontiguousarray(rows[:, at:at + size]).view(dt).reshape(hi - lo, c.width)
-                at += size
+            here, cols = self.collector.record_columns(record, lo, hi)
+            present.append(here)
             reports.append(cols)
         return np.stack(present, axis=1) if present else np.zeros((hi - lo, 0), bool), reports
 
 
-def stages_of(result: Any) -> list[Stage]:
-    return [Stage(name, tuple(s.columns), s) for name, s in result.collector.protocol.stages()]
+def stages_of(result: Any) -> list[StageRecords]:
+    return [StageRecords(name, tuple(s.columns), s) for name, s in result.collector.protocol.stages()]
 
 
 def _chunks(lo: int, hi: int) -> list[tuple[int, int]]:
@@ -188,7 +176,7 @@ def _chunks(lo: int, hi: int) -> list[tuple[int, int]]:
     return [(max(a, lo), min(a + CHUNK, hi)) for a in range(start, hi, CHUNK)]
 
 
-def exact_scores(params: Any, game: Game, stage: Stage, n: int) -> np.ndarray:
+def exact_scores(params: Any, game: Game, stage: StageRecords, n: int) -> np.ndarray:
     """log P[transcript | input 1] - log P[transcript | input 0] for every canary, from the protocol's own
     likelihood (the most powerful test)."""
     v0, v1 = game.values(0, params.max_value), game.values(1, params.max_value)
@@ -204,7 +192,7 @@ def exact_scores(params: Any, game: Game, stage: Stage, n: int) -> np.ndarray:
 LOW_BITS = 4  # a real-valued field also contributes its lowest mantissa bits (floating-point leaks)
 
 
-def _features(stages: list[Stage], lo: int, hi: int, low_bits: bool = True) -> np.ndarray:
+def _features(stages: list[StageRecords], lo: int, hi: int, low_bits: bool = True) -> np.ndarray:
     """Every field of canaries lo..hi-1's transcripts as columns: presence and each column value, for every
     stage and round (real values as float64, the rest as integers in float64). A real value also gives the
     integer of its LOW_BITS lowest mantissa bits: a mechanism computed in floating point can leak its input
@@ -283,7 +271,7 @@ class EmpiricalTest:
                    np.zeros(f.shape[0]))
 
 
-def empirical_scores(stages: list[Stage], trials: int, calib: int) -> tuple[np.ndarray, str]:
+def empirical_scores(stages: list[StageRecords], trials: int, calib: int) -> tuple[np.ndarray, str]:
     """Empirical log-likelihood ratios of every canary (input 0: ids 0..trials-1, input 1: the rest). Two
     tests are learned on the first half of each input's calibration canaries, with and without the low
     mantissa bits of real values (they find floating-point leaks but dilute a histogram that has none); the
