@@ -21,6 +21,7 @@ Shared pieces:
 - ``registry``, ``config``: protocol lookup by name and strict parsing of a ``[protocol]`` table;
 - ``device``, ``collecting``: the one-report-a-round device-side template (the acceptance rule before any
   report) and collector side (batch checks, storage, transcript, multi-stage ``Stage``);
+- ``staged``: multi-stage collector sides as stage machines, their states and transitions as data;
 - ``epochs``: per-device epoch means (THRESH, epochrr);
 - ``keyed``: keyed randomness, every draw a pure function of (seed, purpose, context, device);
 - ``memo``: alpha-point rounding and the set of revealed memoized responses;
@@ -38,6 +39,6 @@ Shared pieces:
 __all__ = [
     "auth", "base", "baselines", "collecting", "config", "dbitflip", "device", "epochrr", "epochs", "framing", "guard",
     "keyed", "ledger", "likelihood", "memo", "messages", "multicounter", "numeric", "onebit", "reference",
-    "registry", "round_mechanism", "snapshot", "thresh", "topl", "tops", "tops_protocol", "transcript", "wire",
+    "registry", "round_mechanism", "snapshot", "staged", "thresh", "topl", "tops", "tops_protocol", "transcript", "wire",
     "worst_case",
 ]

@@ -89,7 +89,8 @@ class DeviceSide(Protocol):
 class CollectorSide(Protocol):
     """The collector side: ``request`` opens a round (or epoch) and returns its broadcast, ``receive`` takes a
     batch (ProtocolError: rejected whole), ``advance`` at a stage's deadline returns the next stage's broadcast
-    or None when the round can close, ``close_round`` returns the round's estimate. ``stages`` are its report
+    or None when the round can close, ``close_round`` returns the round's estimate, ``is_open`` says whether a
+    round is open (protocols.staged drives one with several stages). ``stages`` are its report
     stages with their stored transcripts, in protocol order; ``snapshot``/``restore`` carry its state."""
 
     name: str
@@ -102,6 +103,8 @@ class CollectorSide(Protocol):
     def advance(self, deadline: float, /) -> Decision | Threshold | None: ...
 
     def close_round(self) -> RoundResult: ...
+
+    def is_open(self) -> bool: ...
 
     def stages(self) -> Sequence[tuple[str, ReportCollector]]: ...
 

@@ -141,6 +141,14 @@ class ReportCollector:
         self._present, self._data = None, {}
         return RoundResult(round=self.round, estimate=est, reports=count)
 
+    def is_open(self) -> bool:
+        """Whether a round (this stage) is open."""
+        return self._present is not None
+
+    def received_any(self) -> bool:
+        """Whether the open round has taken any report."""
+        return self._present is not None and bool(self._present.any())
+
     def advance(self, deadline: float) -> None:
         """Single-stage protocols: nothing more to ask for before the round closes."""
         return None

@@ -42,16 +42,17 @@ import numba as nb
 import numpy as np
 
 from protocols import config
-from protocols import keyed, transcript
+from protocols import keyed
 from protocols import snapshot as snap
-from protocols.base import MisuseError, ProtocolError, ProtocolParams, RoundResult, check_params
-from protocols.collecting import Column, Stage
+from protocols.base import ProtocolParams, RoundResult, check_params
+from protocols.collecting import Column
 from protocols.epochs import EpochMeans
 from protocols.guard import Guarantee, Guard, Limits
 from protocols.keyed import Purpose, stream_key
 from protocols.ledger import Charge
 from protocols.messages import CollectionRequest, CollectorMessage, Decision, ReportBatch
 from protocols.round_mechanism import NoRoundMechanism
+from protocols.staged import StageGraph, StagedCollector
 from protocols.wire import bits as wire_bits
 
 THRESH = "thresh"
@@ -510,109 +511,65 @@ def _mean(bits: np.ndarray) -> float:
     return float(bits.mean()) if bits.size else math.nan
 
 
-class ThreshCollector:
-    """Collector side: vote stage, decision, estimate stage; the estimate is carried forward without update."""
+class ThreshCollector(StagedCollector):
+    """Collector side: vote stage, decision, estimate stage; the estimate is carried forward without update.
+    An epoch is ``idle -> vote -> estimate -> idle`` (protocols.staged): the votes' close decides the update."""
+
+    GRAPH = StageGraph.chain("vote", "estimate")
 
     def __init__(self, params: ThreshParams, n_devices: int) -> None:
-        self.params, self.name = params, params.name
-        self.n_devices = int(n_devices)
-        self.votes = Stage(params.name, (Column("vote", np.uint8, high=1),), n_devices)
-        self.estimates = Stage(params.name, (Column("est", np.uint8, high=1),), n_devices)
-        self.stage: Stage | None = None
-        self.epoch = 0
+        super().__init__(params.name, n_devices, {"vote": (Column("vote", np.uint8, high=1),),
+                                                  "estimate": (Column("est", np.uint8, high=1),)})
+        self.params = params
+        self.votes, self.estimates = self.stage("vote"), self.stage("estimate")
         self.estimate = math.nan  # no estimate before the first global update
         self._vote_mean = math.nan
         self._update = False
         self._vote_reports = 0
 
-    def snapshot(self, records: bool = True) -> dict:
-        """Both stages' transcripts, the epoch, the carried-forward estimate and the last
-        epoch's decision figures (protocols.snapshot); between epochs, or at the stage boundary right after
-        :meth:`advance` (votes closed, the decision made, the estimate stage open and empty: ``open_stage``
-        "estimate", restored so; the decision message is :meth:`open_message`)."""
-        boundary = self.stage is self.estimates
-        if self.stage is not None and not boundary:
-            raise MisuseError("thresh: a collector is snapshotted between epochs, not with a stage open")
-        stages = {n: s.stage_snapshot(records, boundary=boundary) for n, s in self.stages()}
-        return {"protocol": self.name, "stages": stages, "open_stage": "estimate" if boundary else "",
-                "epoch": self.epoch, "estimate": float(self.estimate),
-                "vote_mean": float(self._vote_mean),
+    @property
+    def epoch(self) -> int:
+        return self.round
+
+    def extra_snapshot(self) -> dict:
+        """The epoch, the carried-forward estimate and the last epoch's decision figures."""
+        return {"epoch": self.round, "estimate": float(self.estimate), "vote_mean": float(self._vote_mean),
                 "update": bool(self._update), "vote_reports": int(self._vote_reports)}
 
-    def restore(self, state: dict) -> None:
-        if snap.field(state, "protocol", str) != self.name:
-            raise snap.SnapshotError(f"a {state['protocol']!r} snapshot cannot be restored into {self.name!r}")
-        stages = snap.field(state, "stages", dict)
-        if list(stages) != ["vote", "estimate"]:
-            raise snap.SnapshotError(f"thresh snapshot stages {list(stages)} are not ['vote', 'estimate']")
-        for n, s in self.stages():
-            s.stage_restore(snap.field(stages, n, dict))
-        self.epoch = snap.field(state, "epoch", int)
+    def extra_restore(self, state: dict) -> None:
+        self.round = snap.field(state, "epoch", int)
         self.estimate = snap.field(state, "estimate", float)
         self._vote_mean = snap.field(state, "vote_mean", float)
         self._update = snap.field(state, "update", bool)
         self._vote_reports = snap.field(state, "vote_reports", int)
-        self.stage = None
-        open_stage = state.get("open_stage", "")
-        if open_stage not in ("", "estimate") or bool(open_stage) != (self.estimates._present is not None) \
-                or self.votes._present is not None:
-            raise snap.SnapshotError(f"thresh snapshot with open stage {open_stage!r:.20} does not fit its stages")
-        if open_stage:
-            self.stage = self.estimates
 
-    def open_message(self, deadline: float) -> Decision | None:
-        """The message of the stage open at a boundary (restored from a snapshot): the epoch's decision."""
-        if self.stage is not self.estimates:
-            return None
-        return Decision(round=self.epoch, protocol=self.name, update=self._update, deadline=deadline)
+    def boundary_message(self, stage: str, deadline: float) -> Decision:
+        """The epoch's decision, which opened the estimate stage."""
+        return Decision(round=self.round, protocol=self.name, update=self._update, deadline=deadline)
 
-    def request(self, epoch: int, deadline: float) -> CollectionRequest:
-        self.epoch = epoch
-        self.stage = self.votes
-        return self.votes.request(epoch, deadline)
-
-    def receive(self, batch: ReportBatch) -> int:
-        if self.stage is None:
-            raise ProtocolError("no stage is open")
-        return self.stage.receive(batch)
-
-    def advance(self, deadline: float) -> Decision | None:
-        """At a stage's deadline: after the votes, decide and ask for estimates; after the estimates, done."""
-        if self.stage is self.votes:
-            res = self.votes.close_round()
-            assert isinstance(res.estimate, dict)  # a Stage's reports by column
-            self._vote_mean, self._vote_reports = _mean(res.estimate["vote"]), res.reports
-            honest = res.reports > 0 and self._vote_mean > self._threshold(res.reports)
-            self._update = honest or self.params.behavior == "always_update"
-            self.stage = self.estimates
-            self.estimates.request(self.epoch, deadline)
-            return Decision(round=self.epoch, protocol=self.name, update=self._update, deadline=deadline)
-        return None
+    def on_stage_closed(self, stage: str, result: RoundResult, deadline: float) -> tuple[str, Decision]:
+        """The votes closed: decide whether to update, and ask for estimates."""
+        assert isinstance(result.estimate, dict)  # a Stage's reports by column
+        self._vote_mean, self._vote_reports = _mean(result.estimate["vote"]), result.reports
+        honest = result.reports > 0 and self._vote_mean > self._threshold(result.reports)
+        self._update = honest or self.params.behavior == "always_update"
+        return "estimate", self.boundary_message("estimate", deadline)
 
     def _threshold(self, reports: int) -> float:
         """The update test on the votes that arrived (lost votes: the test uses the count received)."""
         a = self.params.vote_noise
         return 1 / (math.exp(a) + 1) + math.sqrt(math.log(10 * self.params.epochs / self.params.delta) / (2 * reports))
 
-    def close_round(self) -> RoundResult:
-        res = self.estimates.close_round()
-        assert isinstance(res.estimate, dict)  # a Stage's reports by column
-        self.stage = None
+    def finish(self, stage: str, result: RoundResult) -> RoundResult:
+        """The estimates closed: debias them if the epoch updated, else carry the estimate forward."""
+        assert isinstance(result.estimate, dict)  # a Stage's reports by column
         if self._update:
             e = math.exp(self.params.estimate_noise)
-            if res.reports:
-                self.estimate = (_mean(res.estimate["est"]) * (e + 1) - 1) / (e - 1)
-        return RoundResult(round=self.epoch, estimate=self.estimate, reports=res.reports,
+            if result.reports:
+                self.estimate = (_mean(result.estimate["est"]) * (e + 1) - 1) / (e - 1)
+        return RoundResult(round=self.round, estimate=self.estimate, reports=result.reports,
                            info={"global_update": self._update, "vote_mean": self._vote_mean,
                                  "votes": self._vote_reports})
-
-    def stages(self) -> list[tuple[str, Stage]]:
-        """The report stages in protocol order: the votes, then the estimates."""
-        return [("vote", self.votes), ("estimate", self.estimates)]
-
-    def transcript_digest(self) -> str:
-        """The canonical digest of both stages (protocols.transcript)."""
-        return transcript.digest(self.stages())
 
 
 if TYPE_CHECKING:  # mypy: the descriptor, and through it the device and collector sides, match protocols.base

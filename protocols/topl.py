@@ -27,15 +27,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from protocols import config
-from protocols import keyed, numeric, transcript
+from protocols import keyed, numeric
 from protocols import snapshot as snap
 from protocols.base import MisuseError, ProtocolError, ProtocolParams, RoundResult, check_params
-from protocols.collecting import Column, Stage
+from protocols.collecting import Column
 from protocols.guard import Guarantee, Guard, Limits
 from protocols.keyed import Purpose, stream_key
 from protocols.ledger import Charge
 from protocols.messages import CollectionRequest, CollectorMessage, ReportBatch, Threshold
 from protocols.round_mechanism import DiscretePair, RoundMechanism, upper_envelope
+from protocols.staged import ADVANCE, CLOSE, IDLE, REQUEST, StageGraph, StagedCollector
 
 TOPL = "topl"
 EVENT_REPORT = "event_report"
@@ -327,22 +328,25 @@ class ToplDevices:
         return self._report(r, here & (self.version > 0), values, now, holdout_stage=False)
 
 
-class ToplCollector:
-    """Collector side: holdout stage (SW + EM + threshold) in threshold rounds, then HM reports."""
+class ToplCollector(StagedCollector):
+    """Collector side: holdout stage (SW + EM + threshold) in threshold rounds, then HM reports. A threshold
+    round is ``idle -> holdout -> report -> idle``, any other ``idle -> report -> idle`` (protocols.staged)."""
+
+    GRAPH = StageGraph(("holdout", "report"), {(IDLE, REQUEST): ("holdout", "report"),
+                                               ("holdout", ADVANCE): ("report",), ("report", CLOSE): (IDLE,)})
 
     def __init__(self, params: ToplParams, n_devices: int) -> None:
-        self.params, self.name, self.n_devices = params, params.name, int(n_devices)
         b = numeric.sw_b(params.threshold_epsilon)
-        self.holdout = Stage(params.name, (Column("s", np.float64, low=-b, high=1 + b),), n_devices)
         c = hm_bound(params.epsilon)
-        self.reports = Stage(params.name, (Column("y", np.float64, low=-c - 1e-9, high=c + 1e-9),
-                                             Column("v", np.uint32, low=1)), n_devices)
+        super().__init__(params.name, n_devices, {
+            "holdout": (Column("s", np.float64, low=-b, high=1 + b),),
+            "report": (Column("y", np.float64, low=-c - 1e-9, high=c + 1e-9), Column("v", np.uint32, low=1))})
+        self.params = params
+        self.holdout, self.reports = self.stage("holdout"), self.stage("report")
         self.thetas: dict[int, float] = {}  # version -> theta
         self.history: list[tuple[int, float]] = []  # (round, theta chosen)
         self.oracle_values: np.ndarray | None = None  # method "oracle": the round's true values (reference)
         self._m: np.ndarray | None = None
-        self.round = 0
-        self.stage: Stage | None = None
         self._holdout_reports = 0
         self.pinned: dict[int, float] = {}  # version -> theta already broadcast (by an earlier instance)
 
@@ -354,19 +358,10 @@ class ToplCollector:
             raise MisuseError(f"threshold version {version} is {self.thetas[version]}, not {theta}")
         self.pinned[int(version)] = float(theta)
 
-    def snapshot(self, records: bool = True) -> dict:
-        """Both stages' transcripts, the thetas by version, the threshold history, the pinned
-        thetas and the round (protocols.snapshot); between rounds, or at the stage boundary right after
-        :meth:`advance` (holdout closed, the threshold chosen, the report stage open and empty: ``open_stage``
-        "report", restored so; the threshold message is :meth:`open_message`)."""
-        boundary = self.stage is self.reports and self.params.threshold_round(self.round) \
-            and bool(self.history) and self.history[-1][0] == self.round
-        if self.stage is not None and not boundary:
-            raise MisuseError("topl: a collector is snapshotted between rounds, not with a stage open")
+    def extra_snapshot(self) -> dict:
+        """The thetas by version, the threshold history, the pinned thetas and the round."""
         versions = sorted(self.thetas)
-        stages = {n: s.stage_snapshot(records, boundary=boundary) for n, s in self.stages()}
-        return {"protocol": self.name, "stages": stages, "open_stage": "report" if boundary else "",
-                "round": self.round, "versions": np.array(versions, dtype=np.int64),
+        return {"round": self.round, "versions": np.array(versions, dtype=np.int64),
                 "thetas": np.array([self.thetas[v] for v in versions], dtype=np.float64),
                 "history_rounds": np.array([r for r, _ in self.history], dtype=np.int64),
                 "history_thetas": np.array([t for _, t in self.history], dtype=np.float64),
@@ -374,14 +369,7 @@ class ToplCollector:
                 "pinned_thetas": np.array([self.pinned[v] for v in sorted(self.pinned)], dtype=np.float64),
                 "holdout_reports": int(self._holdout_reports)}
 
-    def restore(self, state: dict) -> None:
-        if snap.field(state, "protocol", str) != self.name:
-            raise snap.SnapshotError(f"a {state['protocol']!r} snapshot cannot be restored into {self.name!r}")
-        stages = snap.field(state, "stages", dict)
-        if list(stages) != ["holdout", "report"]:
-            raise snap.SnapshotError(f"topl snapshot stages {list(stages)} are not ['holdout', 'report']")
-        for n, s in self.stages():
-            s.stage_restore(snap.field(stages, n, dict))
+    def extra_restore(self, state: dict) -> None:
         versions = snap.array(state, "versions", np.int64, (None,))
         thetas = snap.array(state, "thetas", np.float64, versions.shape)
         if versions.tolist() != list(range(1, versions.size + 1)):
@@ -394,38 +382,24 @@ class ToplCollector:
         self.pinned = dict(zip(pinned.tolist(), snap.array(state, "pinned_thetas", np.float64, pinned.shape).tolist()))
         self.round = snap.field(state, "round", int)
         self._holdout_reports = snap.field(state, "holdout_reports", int)
-        self.stage = None
-        open_stage = state.get("open_stage", "")
-        if open_stage not in ("", "report") or bool(open_stage) != (self.reports._present is not None) \
-                or self.holdout._present is not None or (open_stage and not self.history):
-            raise snap.SnapshotError(f"topl snapshot with open stage {open_stage!r:.20} does not fit its stages")
-        if open_stage:
-            self.stage = self.reports
+        if state.get("open_stage") and not (self.params.threshold_round(self.round) and self.history
+                                            and self.history[-1][0] == self.round):
+            raise snap.SnapshotError("topl snapshot with the report stage open but no threshold chosen this round")
 
-    def open_message(self, deadline: float) -> Threshold | None:
-        """The message of the stage open at a boundary (restored from a snapshot): the round's threshold."""
-        if self.stage is not self.reports or not self.params.threshold_round(self.round):
-            return None
+    def boundary_message(self, stage: str, deadline: float) -> Threshold:
+        """The round's threshold, which opened the report stage."""
         version = len(self.thetas)
         return Threshold(round=self.round, protocol=self.name, theta=self.thetas[version], version=version,
                          deadline=deadline)
 
-    def request(self, round_: int, deadline: float) -> CollectionRequest:
-        self.round = round_
-        if self.params.threshold_round(round_):
-            self.stage = self.holdout
-            return self.holdout.request(round_, deadline)
-        self.stage = self.reports
-        return self.reports.request(round_, deadline)
+    def first_stage(self, round_: int) -> str:
+        return "holdout" if self.params.threshold_round(round_) else "report"
 
-    def receive(self, batch: ReportBatch) -> int:
-        if self.stage is None:
-            raise ProtocolError("no stage is open")
-        if self.stage is self.reports and batch.columns.get("v") is not None:
+    def check_batch(self, stage: str, batch: ReportBatch) -> None:
+        if stage == "report" and batch.columns.get("v") is not None:
             v = batch.columns["v"]
             if v.size and (int(v.max()) not in self.thetas or int(v.min()) < 1):
                 raise ProtocolError("report names a threshold version that was never broadcast")
-        return self.stage.receive(batch)
 
     def density(self, s: np.ndarray) -> np.ndarray:
         """The value density over ``bins`` bins of [0, max_value] from SW reports (EM; SW-W or EMS)."""
@@ -437,17 +411,15 @@ class ToplCollector:
         theta, _ = numeric.em_estimate(counts, self._m, smoothing=p.method == "ems")
         return numeric.sw_w_prune(theta) if p.method == "sw-w" else theta
 
-    def advance(self, deadline: float) -> Threshold | None:
-        if self.stage is not self.holdout:
-            return None
+    def on_stage_closed(self, stage: str, result: RoundResult, deadline: float) -> tuple[str, Threshold]:
+        """The holdout closed: estimate the density, choose theta (a pinned one if resumed) and broadcast it."""
         p = self.params
-        res = self.holdout.close_round()
-        assert isinstance(res.estimate, dict)  # a Stage's reports by column
-        self._holdout_reports = res.reports
+        assert isinstance(result.estimate, dict)  # a Stage's reports by column
+        self._holdout_reports = result.reports
         if p.method == "oracle" and self.oracle_values is not None:
             dens = np.histogram(self.oracle_values, bins=p.bins, range=(0, p.max_value))[0].astype(np.float64)
-        elif res.reports:
-            dens = self.density(res.estimate["s"])
+        elif result.reports:
+            dens = self.density(result.estimate["s"])
         else:
             dens = np.ones(p.bins)
         version = len(self.thetas) + 1
@@ -456,16 +428,13 @@ class ToplCollector:
             theta = choose_threshold(dens, p.max_value, p.epsilon, p.rounds, self.n_devices)
         self.thetas[version] = theta
         self.history.append((self.round, theta))
-        self.stage = self.reports
-        self.reports.request(self.round, deadline)
-        return Threshold(round=self.round, protocol=self.name, theta=theta, version=version, deadline=deadline)
+        return "report", self.boundary_message("report", deadline)
 
-    def close_round(self) -> RoundResult:
-        res = self.reports.close_round()
-        assert isinstance(res.estimate, dict)  # a Stage's reports by column
-        self.stage = None
-        y, v = res.estimate["y"], res.estimate["v"].astype(np.int64)
-        if res.reports:
+    def finish(self, stage: str, result: RoundResult) -> RoundResult:
+        """The HM reports closed: each decoded with the theta of the version it names, scaled to the total."""
+        assert isinstance(result.estimate, dict)  # a Stage's reports by column
+        y, v = result.estimate["y"], result.estimate["v"].astype(np.int64)
+        if result.reports:
             by_version = np.array([0.0] + [self.thetas[k] for k in range(1, len(self.thetas) + 1)])
             theta = by_version[v]
             est = self.n_devices * float(((y + 1.0) * theta / 2.0).mean())  # back to [0, theta], unbiased
@@ -474,15 +443,7 @@ class ToplCollector:
         info = {"theta": self.history[-1][1] if self.history else math.nan,
                 "holdout_reports": self._holdout_reports}
         self._holdout_reports = 0
-        return RoundResult(round=self.round, estimate=est, reports=res.reports, info=info)
-
-    def stages(self) -> list[tuple[str, Stage]]:
-        """The report stages in protocol order: the holdout's SW reports, then the HM reports (with ``v``)."""
-        return [("holdout", self.holdout), ("report", self.reports)]
-
-    def transcript_digest(self) -> str:
-        """The canonical digest of both stages (protocols.transcript)."""
-        return transcript.digest(self.stages())
+        return RoundResult(round=self.round, estimate=est, reports=result.reports, info=info)
 
 
 if TYPE_CHECKING:  # mypy: the descriptor, and through it the device and collector sides, match protocols.base

@@ -106,7 +106,7 @@ class CollectorJournal:
         their own files), the decision or threshold made, and ``msg`` (the open stage's message, about to be
         broadcast) kept for a resumed collector to broadcast again."""
         protocol = self.server.protocol
-        name = next((n for n, s in protocol.stages() if s is getattr(protocol, "stage", None)), "")
+        name = next((n for n, s in protocol.stages() if s.is_open()), "")
         self._write_state(int(msg.round) - 1, {"round": int(msg.round), "stage": name, "message": wire.encode(msg),
                                                "close_at": float(msg.deadline)})
 
@@ -242,11 +242,11 @@ def resume(state: dict[str, Any], server: Any, book: Any) -> int:
         if open_ is not None:
             msg = wire.decode(snapshot.field(open_, "message", bytes))
             if (msg.round != last + 1 or snapshot.field(open_, "round", int) != last + 1
-                    or getattr(protocol, "stage", None) is None):
+                    or not protocol.is_open()):
                 raise snapshot.SnapshotError(f"open stage {open_.get('stage')!r:.20} of round {msg.round} does not "
                                              f"follow closed round {last}")
             server.resume_stage = (msg, snapshot.field(open_, "close_at", float))
-        elif getattr(protocol, "stage", None) is not None:
+        elif protocol.is_open():
             raise snapshot.SnapshotError("the collector state has a stage open, the journal names none")
         server.frames_sent = snapshot.field(state, "frames_sent", int)
         if isinstance(getattr(server, "drops", None), dict):
