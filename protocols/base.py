@@ -32,18 +32,6 @@ def check_params(epsilon: float, max_value: float, gamma: float = 0.0) -> None:
         raise ValueError(f"protocol.gamma must be in [0, 0.5), got {gamma}")
 
 
-def accepts(device: object, request: object, day: int) -> bool:
-    """The device-side rule every one-report-a-round protocol enforces, whatever the collector asks: answer
-    only a collection request for this protocol, for the devices' current ``day``, inside the horizon, and
-    never the same round twice (``device.guard``, protocols.guard). Records the round as answered when it
-    accepts; counts a refused message as ignored."""
-    guard = device.guard  # type: ignore[attr-defined]
-    if not isinstance(request, CollectionRequest) or request.protocol != device.params.name:  # type: ignore[attr-defined]
-        guard.ignore()
-        return False
-    return guard.admit(request.round, day)
-
-
 class ProtocolError(ValueError):
     """A peer's doing: a well-formed message the protocol must reject (wrong round, unknown device, bad
     column...). Runtimes count it against the peer and carry on."""

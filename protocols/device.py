@@ -1,56 +1,102 @@
-"""The device-side template of protocols that send one report per collection round.
+"""The device-side template every protocol is written on: the acceptance rule first, then the reports.
 
-:class:`OneReportDevices` owns ``respond``: before a subclass computes anything it checks the runtime's input
-(one value per device: local misuse otherwise, :class:`~protocols.base.MisuseError`) and applies the
-acceptance rule every device enforces whatever the collector asks (:func:`protocols.base.accepts`, the
-device's :class:`~protocols.guard.Guard`): a collection request of this protocol, for the devices' current day,
-inside the horizon, each round once and in order; anything else is ignored and counted. Only then does it ask
-the subclass for the round's batch (:meth:`OneReportDevices.report_batch`), whose every charge goes through
-the same guard, which refuses a report the budget cannot pay. 1BitMean/1BitRRPM, the dBitFlip family, KFlip,
-Laplace and 1BitMulti are written on it; a plugin with one report a round can be too.
+:class:`GuardedDevices` owns ``respond``. Before a subclass computes anything it checks the runtime's input
+(one value per device: local misuse otherwise, :class:`~protocols.base.MisuseError`) and applies the rule
+every device enforces whatever the collector asks, through the device's :class:`~protocols.guard.Guard`:
+
+1. a message of a type this protocol answers (``answers``), naming this protocol;
+2. a collection request: for the devices' current round (:meth:`GuardedDevices.current_round`: the day, or
+   the epoch just completed), inside the horizon, each round once and in order (``Guard.admit``); a later
+   stage's message (THRESH's decision, ToPL's threshold): the protocol's own rule for it
+   (:meth:`GuardedDevices.admit_stage`, which refuses by default);
+3. only the devices present and able to answer at all (:meth:`GuardedDevices.eligible`: THRESH's devices
+   that observed the whole epoch).
+
+Anything refused is ignored and counted. Only then does the subclass answer (:meth:`GuardedDevices.answer`),
+every charge going through the same guard, which refuses a report the budget cannot pay.
+:class:`OneReportDevices` is the template of one report a round (1BitMean/1BitRRPM, the dBitFlip family,
+KFlip, Laplace, 1BitMulti, ToPS, and a plugin's); THRESH, EpochRR and ToPL subclass :class:`GuardedDevices`.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
-from protocols.base import MisuseError, accepts
+from protocols.base import MisuseError
 from protocols.guard import Guard
 from protocols.ledger import Charge
-from protocols.messages import CollectorMessage, ReportBatch
+from protocols.messages import CollectionRequest, CollectorMessage, ReportBatch
 from protocols.snapshot import GuardedSnapshot
 
-__all__ = ["OneReportDevices"]
+__all__ = ["GuardedDevices", "OneReportDevices"]
 
 
-class OneReportDevices(GuardedSnapshot):
-    """A cohort's device side for a one-report-a-round protocol (module docstring). Subclasses set ``params``,
-    ``seed``, ``device_ids`` (uint64) and ``guard`` and implement :meth:`report_batch`."""
+class GuardedDevices(GuardedSnapshot):
+    """A cohort's device side (module docstring). Subclasses set ``params``, ``seed``, ``device_ids`` (uint64)
+    and ``guard``, and implement :meth:`answer`; a protocol with messages beyond the collection request lists
+    them in ``answers`` and admits them in :meth:`admit_stage`."""
 
     params: Any
     seed: int
     device_ids: np.ndarray
     guard: Guard
+    #: the collector messages this protocol answers; any other is ignored and counted
+    answers: ClassVar[tuple[type, ...]] = (CollectionRequest,)
 
     def check_values(self, values: np.ndarray) -> None:
         """The runtime hands one value per device (override for several counters per device)."""
         if values.shape != self.device_ids.shape:
             raise MisuseError("one value per device is required")
 
-    def respond(self, request: CollectorMessage, day: int, values: np.ndarray, now: float,
+    def current_round(self, day: int) -> int:
+        """The only round a collection request may name on ``day`` (default the day itself)."""
+        return day
+
+    def admit_stage(self, msg: CollectorMessage, day: int) -> bool:
+        """Whether to answer a message of a later stage of the round (none by default)."""
+        return False
+
+    def eligible(self) -> np.ndarray | None:
+        """The devices able to answer at all (a mask; None: all)."""
+        return None
+
+    def respond(self, msg: CollectorMessage, day: int, values: np.ndarray, now: float,
                 present: np.ndarray | None = None) -> tuple[ReportBatch | None, list[Charge]]:
-        """Answer a collection request for the current ``day`` with the devices ``present`` (default all), or
-        ignore the message (and count it) when the acceptance rule refuses it."""
+        """Answer ``msg`` on ``day`` with the devices ``present`` (default all), or ignore it (and count it)
+        when the acceptance rule refuses it."""
         self.check_values(values)
-        if not accepts(self, request, day):
+        guard = self.guard
+        if not isinstance(msg, self.answers) or msg.protocol != self.params.name:
+            guard.ignore()
             return None, []
-        rows = np.arange(self.device_ids.size) if present is None else np.flatnonzero(present)
-        return self.report_batch(request.round, values, rows, now)
+        if isinstance(msg, CollectionRequest):
+            if not guard.admit(msg.round, self.current_round(day)):
+                return None, []
+        elif not self.admit_stage(msg, day):
+            guard.ignore()
+            return None, []
+        able = self.eligible()
+        here = np.ones(self.device_ids.size, dtype=bool) if present is None else np.asarray(present, dtype=bool)
+        return self.answer(msg, values, here if able is None else here & able, now)
+
+    def answer(self, msg: CollectorMessage, values: np.ndarray, here: np.ndarray,
+               now: float) -> tuple[ReportBatch | None, list[Charge]]:
+        """The batch of the devices in mask ``here`` for an accepted ``msg``, and its charges (through the
+        guard, which refuses what the budget cannot pay)."""
+        raise NotImplementedError
+
+
+class OneReportDevices(GuardedDevices):
+    """The template of a protocol with one report a round: subclasses implement :meth:`report_batch`."""
+
+    def answer(self, msg: CollectorMessage, values: np.ndarray, here: np.ndarray,
+               now: float) -> tuple[ReportBatch | None, list[Charge]]:
+        return self.report_batch(msg.round, values, np.flatnonzero(here), now)
 
     def report_batch(self, round_: int, values: np.ndarray, rows: np.ndarray,
                      now: float) -> tuple[ReportBatch | None, list[Charge]]:
-        """The batch of the devices at ``rows`` for an accepted ``round_`` and its charges (through the guard,
-        which refuses what the budget cannot pay)."""
+        """The batch of the devices at ``rows`` (indices) for an accepted ``round_`` and its charges (through
+        the guard, which refuses what the budget cannot pay)."""
         raise NotImplementedError

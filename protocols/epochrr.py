@@ -19,11 +19,12 @@ from protocols import keyed
 from protocols import snapshot as snap
 from protocols.base import ProtocolParams, check_params
 from protocols.collecting import Column, ReportCollector
+from protocols.device import GuardedDevices
 from protocols.epochs import EpochMeans
 from protocols.guard import Guarantee, Guard, Limits
 from protocols.keyed import Purpose, stream_key
 from protocols.ledger import FRESH_REPORT, Charge
-from protocols.messages import CollectionRequest, CollectorMessage, ReportBatch
+from protocols.messages import CollectorMessage, ReportBatch
 from protocols.onebit import estimate_mean, mean_variance, p_one
 from protocols.round_mechanism import RoundMechanism, randomized_response
 from protocols.wire import bits as wire_bits
@@ -92,7 +93,7 @@ class EpochRRParams:
         return math.sqrt(mean_variance(values, self.epoch_epsilon, 1.0) * values.size / reports)
 
 
-class EpochRRDevices(EpochMeans):
+class EpochRRDevices(EpochMeans, GuardedDevices):
     """Epoch sums of the private bits (as THRESH's devices keep them) and one fresh report per epoch."""
 
     def __init__(self, params: EpochRRParams, seed: int, device_ids: np.ndarray, limits: Limits | None = None) -> None:
@@ -110,15 +111,19 @@ class EpochRRDevices(EpochMeans):
         self.guard.restore(snap.field(state, "guard", dict))
         self.epoch_restore(snap.field(state, "epochs", dict))
 
-    def respond(self, request: CollectorMessage, day: int, values: np.ndarray, now: float,
-                present: np.ndarray | None = None) -> tuple[ReportBatch | None, list[Charge]]:
-        p, t = self.params, request.round
-        if not isinstance(request, CollectionRequest) or request.protocol != p.name:
-            self.guard.ignore()
-            return None, []
-        if not self.guard.admit(t, self.complete_epoch):
-            return None, []
-        rows = np.flatnonzero(self.valid if present is None else self.valid & present)
+    def current_round(self, day: int) -> int:
+        """A request may name only the epoch just completed."""
+        return self.complete_epoch
+
+    def eligible(self) -> np.ndarray:
+        """The devices that observed the whole epoch."""
+        return self.valid
+
+    def answer(self, msg: CollectorMessage, values: np.ndarray, here: np.ndarray,
+               now: float) -> tuple[ReportBatch | None, list[Charge]]:
+        """One fresh randomized-response bit of the epoch mean, charged the epoch's epsilon."""
+        p, t = self.params, msg.round
+        rows = np.flatnonzero(here)
         rows = rows[self.guard.affordable(p.epoch_epsilon, rows)]
         u = keyed.uniform(stream_key(self.seed, Purpose.REPORT, t), self.device_ids)
         bits = u < p_one(self.current, p.epoch_epsilon, 1.0)

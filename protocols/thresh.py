@@ -46,6 +46,7 @@ from protocols import keyed
 from protocols import snapshot as snap
 from protocols.base import ProtocolParams, RoundResult, check_params
 from protocols.collecting import Column
+from protocols.device import GuardedDevices
 from protocols.epochs import EpochMeans
 from protocols.guard import Guarantee, Guard, Limits
 from protocols.keyed import Purpose, stream_key
@@ -367,7 +368,7 @@ def _vote_kernel(diff, taus, levels, t, cap_ok, out_yes):
         out_yes[i] = cap_ok[i] and jstar >= 0 and t % (1 << (levels - jstar)) == 0
 
 
-class ThreshDevices(EpochMeans):
+class ThreshDevices(EpochMeans, GuardedDevices):
     """Device side for a cohort: epoch sums of private bits, the reference mean of the last update it took part
     in, the caps c_V and c_E, whether its vote reserve is booked, and the :class:`~protocols.guard.Guard`
     (horizon, budget, spend). Refuses repeats, other epochs and incomplete epochs, whatever the collector
@@ -436,26 +437,31 @@ class ThreshDevices(EpochMeans):
         e = math.exp(a)
         return np.where(yes, e / (e + 1), 1 / (e + 1)), yes
 
-    def respond(self, msg: CollectorMessage, day: int, values: np.ndarray, now: float,
-                present: np.ndarray | None = None) -> tuple[ReportBatch | None, list[Charge]]:
-        """Votes (on a CollectionRequest) or estimates (on the epoch's Decision) of the devices that observed
-        the whole epoch and are present now; anything else is refused and counted as ignored."""
-        p, g = self.params, self.guard
-        if not isinstance(msg, (CollectionRequest, Decision)) or msg.protocol != p.name:
-            g.ignore()
-            return None, []
+    answers = (CollectionRequest, Decision)
+
+    def current_round(self, day: int) -> int:
+        """Votes are asked only for the epoch just completed."""
+        return self.complete_epoch
+
+    def admit_stage(self, msg: CollectorMessage, day: int) -> bool:
+        """One estimate an epoch, after that epoch's vote, never for a closed or stale epoch."""
         t = msg.round
-        rows = self.valid if present is None else self.valid & present
-        if isinstance(msg, CollectionRequest):
-            if not g.admit(t, self.complete_epoch):  # horizon, order, and only the epoch just completed
-                return None, []
-            self.voted_epoch = t
-            return self._vote(t, rows, now)
-        if not g.in_horizon(t) or t != self.voted_epoch or t != self.complete_epoch or t <= self.estimated_epoch:
-            g.ignore()  # one estimate an epoch, after that epoch's vote, never for a closed or stale epoch
-            return None, []
-        self.estimated_epoch = t
-        return self._estimate(t, msg.update, rows, now)
+        return (self.guard.in_horizon(t) and t == self.voted_epoch and t == self.complete_epoch
+                and t > self.estimated_epoch)
+
+    def eligible(self) -> np.ndarray:
+        """The devices that observed the whole epoch."""
+        return self.valid
+
+    def answer(self, msg: CollectorMessage, values: np.ndarray, here: np.ndarray,
+               now: float) -> tuple[ReportBatch | None, list[Charge]]:
+        """Votes (on a CollectionRequest) or estimates (on the epoch's Decision) of the devices ``here``."""
+        t = msg.round
+        if isinstance(msg, Decision):
+            self.estimated_epoch = t
+            return self._estimate(t, msg.update, here, now)
+        self.voted_epoch = t
+        return self._vote(t, here, now)
 
     def _vote(self, t: int, rows: np.ndarray, now: float) -> tuple[ReportBatch, list[Charge]]:
         p, g = self.params, self.guard

@@ -31,6 +31,7 @@ from protocols import keyed, numeric
 from protocols import snapshot as snap
 from protocols.base import MisuseError, ProtocolError, ProtocolParams, RoundResult, check_params
 from protocols.collecting import Column
+from protocols.device import GuardedDevices
 from protocols.guard import Guarantee, Guard, Limits
 from protocols.keyed import Purpose, stream_key
 from protocols.ledger import Charge
@@ -239,7 +240,7 @@ class ToplParams:
         return self.devices * self.max_value / 2 * math.sqrt(numeric.hm_worst_variance(self.epsilon) / reports)
 
 
-class ToplDevices:
+class ToplDevices(GuardedDevices):
     """Device side: the thetas received with the round each applies from, one report per round. A fresh
     keyed holdout is drawn for every threshold round: its devices send Square Wave in that round and HM
     reports like everyone else in the other rounds."""
@@ -299,24 +300,24 @@ class ToplDevices:
         return (ReportBatch(r, p.name, sel.astype(np.uint32), cols),
                 [self.guard.charge(r, now, EVENT_REPORT, eps, idx)])
 
-    def respond(self, msg: CollectorMessage, day: int, values: np.ndarray, now: float,
-                present: np.ndarray | None = None) -> tuple[ReportBatch | None, list[Charge]]:
-        """Answer the current round inside the horizon. A threshold is taken only in a threshold round, under
-        that round's version (:meth:`ToplParams.threshold_version`), plausible, and newer than the device's;
-        anything else is ignored (and counted), never fatal."""
-        p = self.params
-        r = msg.round
-        if (not isinstance(msg, (CollectionRequest, Threshold)) or msg.protocol != p.name or r != day
-                or not self.guard.in_horizon(r)):
-            self.guard.ignore()
-            return None, []
-        here = np.ones(self.device_ids.size, bool) if present is None else present
+    answers = (CollectionRequest, Threshold)
+
+    def admit_stage(self, msg: CollectorMessage, day: int) -> bool:
+        """A threshold is taken only in a threshold round that is the current day, inside the horizon, under
+        that round's version (:meth:`ToplParams.threshold_version`) and plausible."""
+        p, r = self.params, msg.round
+        assert isinstance(msg, Threshold)
+        return (r == day and self.guard.in_horizon(r) and p.threshold_round(r)
+                and msg.version == p.threshold_version(r) and p.plausible_theta(msg.theta))
+
+    def answer(self, msg: CollectorMessage, values: np.ndarray, here: np.ndarray,
+               now: float) -> tuple[ReportBatch | None, list[Charge]]:
+        """A request: the holdout's SW reports in a threshold round, else HM reports of the devices holding a
+        theta. A threshold: applies from its round on to the devices ``here`` holding an older version (the
+        others keep theirs, and say so in ``v``), which then send HM reports unless in the holdout."""
+        p, r = self.params, msg.round
         holdout = self.in_holdout(r) if p.threshold_round(r) else np.zeros(self.device_ids.size, bool)
         if isinstance(msg, Threshold):
-            if not (p.threshold_round(r) and msg.version == p.threshold_version(r) and p.plausible_theta(msg.theta)):
-                self.guard.ignore()  # thresholds come only in threshold rounds, under that round's version
-                return None, []
-            # the broadcast theta applies from its round on; devices that missed it keep theirs (and say so)
             newer = here & (msg.version > self.version)
             if not newer.any():
                 self.guard.ignore()

@@ -22,12 +22,12 @@ from protocols import config
 from protocols import keyed
 from protocols.base import ProtocolParams, RoundResult, check_params
 from protocols.collecting import Column, ReportCollector
+from protocols.device import OneReportDevices
 from protocols.guard import Guarantee, Guard, Limits
 from protocols.keyed import Purpose, stream_key
 from protocols.ledger import Charge
-from protocols.messages import CollectionRequest, CollectorMessage, ReportBatch
+from protocols.messages import ReportBatch
 from protocols.round_mechanism import NoRoundMechanism
-from protocols.snapshot import GuardedSnapshot
 from protocols.tops import ToPS
 
 TOPS = "tops"
@@ -114,7 +114,7 @@ def in_holdout(params: TopsParams, device_ids: np.ndarray) -> np.ndarray:
     return keyed.uniform(stream_key(params.seed, Purpose.HOLDOUT, 1), device_ids) < params.holdout
 
 
-class TopsDevices(GuardedSnapshot):
+class TopsDevices(OneReportDevices):
     """Raw values to the trusted collector, one a round. Charged the event-level guarantee of what is released
     from each value: ``epsilon`` (``central_release``), or ``threshold_epsilon`` for a round-1 holdout value,
     which only the noisy-max threshold choice sees (``central_threshold``)."""
@@ -124,23 +124,18 @@ class TopsDevices(GuardedSnapshot):
         self.device_ids = np.ascontiguousarray(device_ids, dtype=np.uint64)
         self.guard = Guard(self.device_ids, limits)
 
-    def respond(self, msg: CollectorMessage, day: int, values: np.ndarray, now: float,
-                present: np.ndarray | None = None) -> tuple[ReportBatch | None, list[Charge]]:
+    def report_batch(self, round_: int, values: np.ndarray, rows: np.ndarray,
+                     now: float) -> tuple[ReportBatch | None, list[Charge]]:
+        """The raw values of the devices at ``rows`` the budget can pay, each charged its release."""
         p = self.params
-        if not isinstance(msg, CollectionRequest) or msg.protocol != p.name:
-            self.guard.ignore()
-            return None, []
-        if not self.guard.admit(msg.round, day):
-            return None, []
-        rows = np.arange(self.device_ids.size) if present is None else np.flatnonzero(present)
-        hold = in_holdout(p, self.device_ids[rows]) if msg.round == 1 else np.zeros(rows.size, bool)
+        hold = in_holdout(p, self.device_ids[rows]) if round_ == 1 else np.zeros(rows.size, bool)
         ok = self.guard.affordable(np.where(hold, p.threshold_epsilon, p.epsilon), rows)
         rows, hold = rows[ok], hold[ok]
         x = np.clip(np.asarray(values, dtype=np.float64)[rows], 0.0, p.max_value)
-        charges = [self.guard.charge(msg.round, now, CENTRAL_RELEASE, p.epsilon, rows[~hold])]
+        charges = [self.guard.charge(round_, now, CENTRAL_RELEASE, p.epsilon, rows[~hold])]
         if hold.any():
-            charges.append(self.guard.charge(msg.round, now, CENTRAL_THRESHOLD, p.threshold_epsilon, rows[hold]))
-        return ReportBatch(msg.round, p.name, self.device_ids[rows].astype(np.uint32), {"x": x}), charges
+            charges.append(self.guard.charge(round_, now, CENTRAL_THRESHOLD, p.threshold_epsilon, rows[hold]))
+        return ReportBatch(round_, p.name, self.device_ids[rows].astype(np.uint32), {"x": x}), charges
 
 
 class TopsCollector(ReportCollector):

@@ -45,15 +45,15 @@ import numpy as np
 
 from protocols import config, keyed
 from protocols import likelihood as lik
-from protocols.base import ProtocolParams, accepts, check_params
+from protocols.base import ProtocolParams, check_params
 from protocols.collecting import Column, ReportCollector
+from protocols.device import OneReportDevices
 from protocols.guard import Guarantee, Guard, Limits
 from protocols.keyed import Purpose, stream_key
 from protocols.ledger import MEMO_REVEAL, ROUND_GUARANTEE, Charge
 from protocols.memo import RevealSet, admit_reports
-from protocols.messages import CollectorMessage, ReportBatch
+from protocols.messages import ReportBatch
 from protocols.round_mechanism import NoRoundMechanism
-from protocols.snapshot import GuardedSnapshot
 from protocols.wire import bits as wire_bits
 
 __all__ = ["LOSUE", "LosueCollector", "LosueDevices", "LosueParams", "bucket_of", "estimate_frequencies",
@@ -229,8 +229,9 @@ def _report_kernel(ids, buckets, k, p1, q1, p2, q2, memo_key, round_key, out):
             out[i, j] = keyed.uniform2(round_key, ids[i], np.uint64(j)) < (p2 if c else q2)
 
 
-class LosueDevices(GuardedSnapshot):
-    """Device side of a cohort: the guard, and which buckets' memoized vectors each device has revealed."""
+class LosueDevices(OneReportDevices):
+    """Device side of a cohort: the guard, and which buckets' memoized vectors each device has revealed. The
+    template (protocols.device) applies the acceptance rule before :meth:`report_batch` is asked."""
 
     def __init__(self, params: LosueParams, seed: int, device_ids: np.ndarray, limits: Limits | None = None) -> None:
         self.params, self.seed = params, int(seed)
@@ -248,22 +249,18 @@ class LosueDevices(GuardedSnapshot):
                        np.uint64(stream_key(self.seed, Purpose.REPORT, round_)), out)
         return out
 
-    def respond(self, request: CollectorMessage, day: int, values: np.ndarray, now: float,
-                present: np.ndarray | None = None) -> tuple[ReportBatch | None, list[Charge]]:
+    def report_batch(self, round_: int, values: np.ndarray, rows: np.ndarray,
+                     now: float) -> tuple[ReportBatch | None, list[Charge]]:
+        """The accepted round's reports of the devices at ``rows``: a reveal is charged eps_inf once per bucket
+        (through the guard, which refuses what the budget cannot pay); every report costs eps_1 per round."""
         p = self.params
-        if values.shape != self.device_ids.shape:
-            raise ValueError("one value per device is required")
-        if not accepts(self, request, day):
-            return None, []
-        r = request.round
         buckets = bucket_of(values, p.buckets, p.max_value)
-        rows = np.arange(self.device_ids.size) if present is None else np.flatnonzero(present)
         rows, new = admit_reports(self.guard, p, rows, self.reveals, buckets)
         assert new is not None
-        charges = [self.guard.charge(r, now, MEMO_REVEAL, p.epsilon, rows[new]),
-                   Charge(r, now, ROUND_GUARANTEE, p.eps_1, self.device_ids[rows], cumulative=False)]
-        batch = ReportBatch(round=r, protocol=p.name, devices=self.device_ids[rows].astype(np.uint32),
-                            columns={"b": wire_bits(self.report_bits(r, rows, buckets))})
+        charges = [self.guard.charge(round_, now, MEMO_REVEAL, p.epsilon, rows[new]),
+                   Charge(round_, now, ROUND_GUARANTEE, p.eps_1, self.device_ids[rows], cumulative=False)]
+        batch = ReportBatch(round=round_, protocol=p.name, devices=self.device_ids[rows].astype(np.uint32),
+                            columns={"b": wire_bits(self.report_bits(round_, rows, buckets))})
         return batch, charges
 
 
