@@ -12,20 +12,13 @@ from typing import Callable
 import numpy as np
 import simpy
 
+from agents.shard import answer_cohort, cohort_day
 from agents.world import World
 from collector.network import Network
 from protocols import wire
 from protocols.base import DeviceSide
 from protocols.ledger import Ledger
-from protocols.messages import CollectionRequest, Decision, ReportBatch, Threshold
-
-BROADCAST_KINDS = {CollectionRequest: 1, Decision: 2, Threshold: 3}  # keys of the downlink loss draws
-
-
-def _subset(batch: ReportBatch, idx: np.ndarray) -> ReportBatch:
-    cols = {k: (wire.bits(v[idx]) if isinstance(v, wire.Bits) else v[idx]) for k, v in batch.columns.items()}
-    return ReportBatch(round=batch.round, protocol=batch.protocol, devices=batch.devices[idx], columns=cols)
-
+from protocols.messages import CollectionRequest, Decision, Threshold
 
 class CohortAgent:
     def __init__(self, env: simpy.Environment, device: DeviceSide, world: World, network: Network,
@@ -39,7 +32,7 @@ class CohortAgent:
 
     def day(self) -> int:
         """The devices' own round counter: rounds start every ``round_seconds``, the first at time 0."""
-        return int(self.env.now // self.round_seconds) + 1
+        return cohort_day(self.env.now, self.round_seconds)
 
     def run(self):
         while True:
@@ -58,18 +51,8 @@ class CohortAgent:
         self.device.observe(day, values, self.world.present(self.ids))
 
     def answer(self, request: CollectionRequest | Decision | Threshold) -> None:
-        values, _ = self.world.values(self.ids)
-        present = self.world.present(self.ids)
-        got = self.network.received(self.ids, request.round, BROADCAST_KINDS[type(request)])
-        if got is not None:
-            present = got if present is None else present & got
-        batch, charges = self.device.respond(request, self.day(), values, self.env.now, present)
-        for charge in charges:
+        ans = answer_cohort(self.device, self.ids, self.world, self.network, request, self.day(), self.env.now)
+        for charge in ans.charges:
             self.ledger.record(charge)
-        if batch is None or len(batch) == 0:
-            return
-        fate = self.network.fate(batch.devices, batch.round, request.deadline - self.env.now)
-        for idx, delay in ((fate.on_time, fate.on_time_delay), (fate.late, fate.late_delay)):
-            if idx.size:
-                sub = batch if idx.size == len(batch) else _subset(batch, idx)
-                self.network.transmit(wire.encode(sub), delay, self.send, reports=int(idx.size))
+        for data, delay, reports in ans.sent:
+            self.network.transmit(data, delay, self.send, reports=reports)

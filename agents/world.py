@@ -115,8 +115,9 @@ def split_shares(n: int, shares: list[float]) -> np.ndarray:
 
 
 @nb.njit(cache=True, parallel=True)
-def _values_kernel(levels, sds, binary, source, pool, offsets, key, m, free, out):
-    """out[i] = clip(levels[i] + sds[i] N_i, 0, m) with N_i keyed by (key, i); returns how many were clipped.
+def _values_kernel(levels, sds, binary, source, pool, offsets, key, m, free, base, out):
+    """out[i] = clip(levels[i] + sds[i] N_i, 0, m) with N_i keyed by (key, base + i) (the arrays: devices
+    base, base + 1, ...); returns how many were clipped.
     Devices with ``free[i]`` get the unclipped base value (their group's behaviors shape it, then it is
     clipped and counted). Element-wise in fixed chunks on all cores: the same bits as a serial loop."""
     chunks = 64
@@ -126,11 +127,11 @@ def _values_kernel(levels, sds, binary, source, pool, offsets, key, m, free, out
         k = 0
         for i in range(n * c // chunks, n * (c + 1) // chunks):
             if binary[i]:
-                out[i] = 1.0 if keyed.uniform1(key, np.uint64(i)) < levels[i] else 0.0
+                out[i] = 1.0 if keyed.uniform1(key, np.uint64(base + i)) < levels[i] else 0.0
                 continue
             if source[i] >= 0:  # a fresh draw from an empirical data set each round
                 lo, hi = offsets[source[i]], offsets[source[i] + 1]
-                v = pool[lo + min(int(keyed.uniform1(key, np.uint64(i)) * (hi - lo)), hi - lo - 1)]
+                v = pool[lo + min(int(keyed.uniform1(key, np.uint64(base + i)) * (hi - lo)), hi - lo - 1)]
                 if v > m and not free[i]:
                     v = m
                     k += 1
@@ -138,7 +139,7 @@ def _values_kernel(levels, sds, binary, source, pool, offsets, key, m, free, out
                 continue
             v = levels[i]
             if sds[i] > 0.0:
-                v += sds[i] * keyed.normal1(key, np.uint64(i))
+                v += sds[i] * keyed.normal1(key, np.uint64(base + i))
             if free[i]:
                 out[i] = v
                 continue
@@ -211,6 +212,16 @@ class World:
             self._scripts.append((lo, hi, g.behavior.bind(self.seed, gi, self.max_value)))
             self.free[lo:hi] = True
         self._mean = math.nan  # the previous round's mean value over the population (behaviors' Day.mean)
+        self.span = (0, self.n)  # the devices whose values are computed (restrict)
+
+    def restrict(self, lo: int, hi: int) -> None:
+        """Compute the values of devices lo..hi-1 only (a shard's world, agents/shard.py); the clipped count is
+        then theirs. A world with behaviors keeps computing everyone (they may read the population's mean)."""
+        if not 0 <= lo <= hi <= self.n:
+            raise ValueError(f"span [{lo}, {hi}) is outside the population of {self.n}")
+        if not self._scripts:
+            self.span = (int(lo), int(hi))
+            self._cache_day = -1
 
     def _set_source(self, ids: np.ndarray, dist: Dist) -> None:
         if dist.kind != "data":
@@ -298,8 +309,10 @@ class World:
             key = np.uint64(stream_key(self.seed, Purpose.JITTER, day))
             pool = getattr(self, "_pool", np.zeros(1))
             offsets = getattr(self, "_offsets", np.zeros(2, np.int64))
-            self._clipped = int(_values_kernel(self.levels, self.sds, self.binary, self.source, pool, offsets, key,
-                                               self.max_value, self.free, self._cache))
+            lo, hi = self.span
+            self._clipped = int(_values_kernel(self.levels[lo:hi], self.sds[lo:hi], self.binary[lo:hi],
+                                               self.source[lo:hi], pool, offsets, key, self.max_value,
+                                               self.free[lo:hi], lo, self._cache[lo:hi]))
             if self._scripts:
                 self._behave(day)
             self._cache_day = day

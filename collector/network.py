@@ -11,7 +11,7 @@ the collector arrive after the base latency, reliably.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import simpy
@@ -90,19 +90,22 @@ class Network:
         u = keyed.uniform(stream_key(self.seed, Purpose.DOWNLINK, round_, kind), device_ids)
         return u >= self.params.downlink_loss
 
-    def transmit(self, raw: bytes, delay: float, deliver: Callable[[bytes], object], reports: int = 0) -> None:
-        """Send encoded bytes; ``deliver`` is called with them after ``delay``."""
-        self.traffic.messages_sent += 1
-        self.traffic.bytes_sent += len(raw)
+    def transmit(self, raw: bytes, delay: float, deliver: Callable[[bytes], object], reports: int = 0,
+                 copies: int = 1) -> None:
+        """Send encoded bytes; ``deliver`` is called with them after ``delay``. ``copies``: how many recipients
+        the one delivery stands for (a sharded run's single inbox for all its cohorts), as counted traffic."""
+        self.traffic.messages_sent += copies
+        self.traffic.bytes_sent += len(raw) * copies
         self.traffic.reports_sent += reports
-        self.env.process(self._carry(raw, delay, deliver))
+        self.env.process(self._carry(raw, delay, deliver, copies))
 
-    def _carry(self, raw: bytes, delay: float, deliver: Callable[[bytes], object]):
+    def _carry(self, raw: bytes, delay: float, deliver: Callable[[bytes], object], copies: int = 1):
         yield self.env.timeout(delay)
-        self.traffic.messages_delivered += 1
+        self.traffic.messages_delivered += copies
         deliver(raw)
 
-    def broadcast(self, raw: bytes, inboxes: list[simpy.Store]) -> None:
-        """One message to every cohort, arriving after the base latency."""
+    def broadcast(self, raw: bytes, inboxes: list[Any]) -> None:
+        """One message to every cohort, arriving after the base latency (an inbox with ``copies`` stands for
+        that many cohorts)."""
         for box in inboxes:
-            self.transmit(raw, self.params.latency, box.put)
+            self.transmit(raw, self.params.latency, box.put, copies=getattr(box, "copies", 1))

@@ -1,6 +1,7 @@
 """One collection round as a stage machine, shared by the simulated collector and the live server.
 
-A collector side (protocols.base.CollectorSide) is a stage machine: ``request(t, close_at)`` opens round t's
+A collector side (protocols.base.CollectorSide) is a stage machine (a multi-stage one declares its states and
+transitions as data, protocols.staged): ``request(t, close_at)`` opens round t's
 first stage and returns the message to broadcast; ``advance(close_at)`` is called when a stage's deadline
 passes and returns the next stage's message (THRESH: the decision that asks for estimates; ToPL: the
 threshold) or None; ``close_round()`` turns the round into its result. :func:`round_stages` walks that

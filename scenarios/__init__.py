@@ -5,8 +5,8 @@ Importing the package imports none of its modules; import the one you need
 (``from scenarios import output, runner, schema``).
 
 - ``schema``: scenario files (TOML), ``--set`` overrides and strict validation;
-- ``runner``: a run in simulated time (SimPy); ``live``, ``journal``: live runs over TCP and their
-  crash-safe journals;
+- ``runner``: a run in simulated time (SimPy); ``parallel``: its cohorts in worker processes; ``live``,
+  ``journal``: live runs over TCP and their crash-safe journals;
 - ``output``, ``tables``, ``plots``, ``metrics``, ``accounting``: the run directory: summary, tables,
   pictures, error metrics, (eps, delta) accounting;
 - ``audit``: ``ldpsim audit``, replaying devices through protocols/reference.py's one-device models;
@@ -17,6 +17,6 @@ Importing the package imports none of its modules; import the one you need
 """
 
 __all__ = [
-    "accounting", "attacks", "audit", "cli", "compare", "conformance", "journal", "live", "metrics", "output", "plots",
-    "privacy_audit", "runner", "schema", "sweep", "tables",
+    "accounting", "attacks", "audit", "cli", "compare", "conformance", "journal", "live", "metrics", "output", "parallel",
+    "plots", "privacy_audit", "runner", "schema", "sweep", "tables",
 ]

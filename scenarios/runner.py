@@ -18,6 +18,7 @@ import simpy
 import structlog
 
 from agents.cohort import CohortAgent
+from agents.shard import ShardedCohorts
 from agents.world import World
 from collector import spill
 from collector.hostile import Hostility
@@ -26,6 +27,7 @@ from collector.process import CollectorProcess
 from protocols.ledger import Ledger
 from scenarios import attacks
 from scenarios.metrics import round_metrics
+from scenarios.parallel import ProcessShards, resolve_workers, split_cohorts
 from scenarios.schema import Scenario
 
 
@@ -104,17 +106,27 @@ def run(scenario: Scenario, events: TextIO | None = None,
 
     collector = CollectorProcess(env, protocol, network, [], sc.network.deadline, log,
                                  Hostility(sc.behavior, sc.protocol.max_value))
-    cohorts = []
-    for lo, hi in cohort_slices(sc.devices, sc.simulation.cohort_size):
-        device = sc.protocol.make_devices(sc.seed, np.arange(lo, hi), sc.limits)
-        cohorts.append(CohortAgent(env, device, world, network, ledger, collector.deliver,
-                                   sc.simulation.round_seconds))
-    collector.cohort_inboxes.extend(c.inbox for c in cohorts)
+    slices = cohort_slices(sc.devices, sc.simulation.cohort_size)
+    workers = resolve_workers(sc.simulation.workers, sc.devices, sc.rounds, len(slices))
+    pool: ProcessShards | None = None
+    cohorts: list[Any] = []
+    if workers > 1:  # the cohorts' work in shard processes (scenarios/parallel.py)
+        pool = ProcessShards(sc.as_run, split_cohorts(slices, workers))
+        sharded = ShardedCohorts(env, pool, len(slices), world, network, ledger, collector.deliver)
+        collector.cohort_inboxes.append(sharded.inbox)
+        observing = hasattr(sc.protocol.make_devices(sc.seed, np.arange(1), sc.limits), "observe")
+        observers: list[Any] = [sharded] if observing else []
+    else:
+        for lo, hi in slices:
+            device = sc.protocol.make_devices(sc.seed, np.arange(lo, hi), sc.limits)
+            cohorts.append(CohortAgent(env, device, world, network, ledger, collector.deliver,
+                                       sc.simulation.round_seconds))
+        collector.cohort_inboxes.extend(c.inbox for c in cohorts)
+        observers = [c for c in cohorts if hasattr(c.device, "observe")]
     log.info("run_started", devices=sc.devices, rounds=sc.rounds, protocol=dataclasses.asdict(sc.protocol),
-             cohorts=len(cohorts), round_epsilon=sc.protocol.round_epsilon)
+             cohorts=len(slices), workers=workers, round_epsilon=sc.protocol.round_epsilon)
 
     book = RoundBook(sc, world, ledger, protocol, log)
-    observers = [c for c in cohorts if hasattr(c.device, "observe")]
 
     def new_day(r: int, honest: bool = True):
         """Wait for round r's start; the world moves to it and the devices look at their counters."""
@@ -145,13 +157,20 @@ def run(scenario: Scenario, events: TextIO | None = None,
             yield env.process(collector.run_round(t))
             log.info("round_beyond_horizon", round=t, reports=collector.stats.reports_accepted)
 
-    done = env.process(clock())
-    env.run(until=done)
+    try:
+        done = env.process(clock())
+        env.run(until=done)
+        if pool is not None:
+            guards, rejected = pool.guards(), sharded.rejected
+        else:
+            guards, rejected = guard_counts([c.device for c in cohorts]), sum(c.rejected for c in cohorts)
+    finally:
+        if pool is not None:
+            pool.close()
     wall = time.perf_counter() - t0
     log.info("run_finished", wall_seconds=wall, messages_rejected=collector.stats.rejected)
     return RunResult(sc, book.records, ledger, world, collector, network, protocol.transcript_digest(), wall,
-                     sum(c.rejected for c in cohorts), guard_counts([c.device for c in cohorts]),
-                     true_values=book.true_values)
+                     rejected, guards, extra={"workers": workers}, true_values=book.true_values)
 
 
 class RoundBook:

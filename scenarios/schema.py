@@ -42,6 +42,7 @@ class ScenarioError(ConfigError):
 class Simulation:
     cohort_size: int = 10_000
     round_seconds: float = 86_400.0
+    workers: int = 0  # worker processes answering for the cohorts (scenarios/parallel.py); 0: auto
 
 
 #: [analysis] attacks: on by default when devices x rounds is at most this (e.g. 100,000 devices x 100 rounds,
@@ -314,6 +315,8 @@ def parse(data: dict[str, Any]) -> Scenario:
     sim = Simulation(
         cohort_size=st.get("cohort_size", int, 10_000, check=lambda v: v >= 1, what="an integer >= 1"),
         round_seconds=st.get("round_seconds", float, 86_400.0, check=_positive, what="> 0"),
+        workers=st.get("workers", int, 0, check=lambda v: 0 <= v <= 1024,
+                       what="an integer in [0, 1024] (0: one per core for large runs)"),
     )
     st.done()
     for i, at_time in change_times.items():  # a change at a simulated time: from the first round starting then

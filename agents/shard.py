@@ -1,0 +1,162 @@
+"""Device cohorts answered outside the SimPy process: the work of one shard, and the agent that drives shards.
+
+A cohort's answer to a collector message is a pure function of its device side's state, the world's values
+on the world's day, the message, the simulated time and the network's keyed fates (docs/design.md section 3):
+nothing in it depends on another cohort. :func:`answer_cohort` computes it: the device side's batch and
+charges, the batch split by the network into the sub-batches that arrive on time and late (wire bytes and
+delays) and the reports lost. :class:`~agents.cohort.CohortAgent` (a SimPy process per cohort) uses it
+in-process; :class:`CohortShard` holds the cohorts of one shard (a contiguous range of them) for a worker
+process (scenarios/parallel.py); :class:`ShardedCohorts` is the one SimPy process that stands for every
+cohort of a sharded run: when a broadcast arrives it has every shard answer at once, then, in cohort order,
+records the charges in the ledger and puts each sub-batch on the simulated network, exactly as the cohorts'
+own processes would have at that simulated time. Digests therefore do not depend on how cohorts are sharded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+import numpy as np
+import simpy
+
+from agents.world import World
+from collector.network import Network
+from protocols import wire
+from protocols.base import DeviceSide
+from protocols.ledger import Charge, Ledger
+from protocols.messages import CollectionRequest, Decision, ReportBatch, Threshold
+
+__all__ = ["BROADCAST_KINDS", "Answer", "CohortShard", "ShardPool", "ShardedCohorts", "answer_cohort"]
+
+BROADCAST_KINDS = {CollectionRequest: 1, Decision: 2, Threshold: 3}  # keys of the downlink loss draws
+
+
+@dataclass
+class Answer:
+    """One cohort's answer to one collector message: its charges, and its report sub-batches as
+    (wire bytes, delay in simulated seconds, reports) in sending order; ``lost``: reports the network lost."""
+
+    charges: list[Charge] = field(default_factory=list)
+    sent: list[tuple[bytes, float, int]] = field(default_factory=list)
+    lost: int = 0
+
+
+def _subset(batch: ReportBatch, idx: np.ndarray) -> ReportBatch:
+    cols = {k: (wire.bits(v[idx]) if isinstance(v, wire.Bits) else v[idx]) for k, v in batch.columns.items()}
+    return ReportBatch(round=batch.round, protocol=batch.protocol, devices=batch.devices[idx], columns=cols)
+
+
+def answer_cohort(device: DeviceSide, ids: np.ndarray, world: World, network: Network,
+                  msg: CollectionRequest | Decision | Threshold, day: int, now: float) -> Answer:
+    """The answer of the cohort ``device`` (devices ``ids``) to ``msg`` received at ``now`` on its own ``day``,
+    reading the world's values on the world's current day."""
+    values, _ = world.values(ids)
+    present = world.present(ids)
+    got = network.received(ids, msg.round, BROADCAST_KINDS[type(msg)])
+    if got is not None:
+        present = got if present is None else present & got
+    batch, charges = device.respond(msg, day, values, now, present)
+    out = Answer(charges=list(charges))
+    if batch is None or len(batch) == 0:
+        return out
+    before = network.traffic.reports_lost
+    fate = network.fate(batch.devices, batch.round, msg.deadline - now)
+    out.lost = network.traffic.reports_lost - before
+    for idx, delay in ((fate.on_time, fate.on_time_delay), (fate.late, fate.late_delay)):
+        if idx.size:
+            sub = batch if idx.size == len(batch) else _subset(batch, idx)
+            out.sent.append((wire.encode(sub), float(delay), int(idx.size)))
+    return out
+
+
+def cohort_day(now: float, round_seconds: float) -> int:
+    """The devices' own round counter: rounds start every ``round_seconds``, the first at time 0."""
+    return int(now // round_seconds) + 1
+
+
+class CohortShard:
+    """The device sides of a contiguous run of cohorts (``cohorts``: (lo, hi) id ranges), with their own world
+    (restricted to the shard's ids when it has no stateful behaviors) and the network's keyed fates."""
+
+    def __init__(self, params: Any, seed: int, limits: Any, world: World, network: Network,
+                 cohorts: list[tuple[int, int]], round_seconds: float) -> None:
+        self.world, self.network, self.round_seconds = world, network, float(round_seconds)
+        self.cohorts = [(int(lo), int(hi)) for lo, hi in cohorts]
+        self.ids = [np.arange(lo, hi, dtype=np.int64) for lo, hi in self.cohorts]
+        self.devices = [params.make_devices(seed, np.arange(lo, hi), limits) for lo, hi in self.cohorts]
+        self.observers = [i for i, d in enumerate(self.devices) if hasattr(d, "observe")]
+
+    def observe(self, day: int) -> None:
+        """The devices' daily look at their counters (world moved to ``day`` first)."""
+        self.world.advance_to(day)
+        for i in self.observers:
+            values, _ = self.world.values(self.ids[i])
+            self.devices[i].observe(day, values, self.world.present(self.ids[i]))  # type: ignore[attr-defined]
+
+    def answer(self, raw: bytes, world_day: int, now: float) -> tuple[list[Answer], int]:
+        """Every cohort's answer to the broadcast ``raw`` received at ``now`` (the world at ``world_day``), and
+        how many cohorts could not decode it."""
+        self.world.advance_to(world_day)
+        try:
+            msg = wire.decode(raw)
+        except wire.WireError:
+            return [Answer() for _ in self.devices], len(self.devices)
+        if not isinstance(msg, (CollectionRequest, Decision, Threshold)):
+            return [Answer() for _ in self.devices], 0
+        day = cohort_day(now, self.round_seconds)
+        return [answer_cohort(d, ids, self.world, self.network, msg, day, now)
+                for d, ids in zip(self.devices, self.ids)], 0
+
+    def guards(self) -> dict[str, int]:
+        """The device sides' enforcement counters, summed: refusals for the budget, messages ignored."""
+        return {"refusals": sum(d.guard.refusals for d in self.devices),  # type: ignore[attr-defined]
+                "ignored": sum(d.guard.ignored for d in self.devices)}  # type: ignore[attr-defined]
+
+
+class ShardPool(Protocol):
+    """Shards that answer together (scenarios/parallel.py): each call returns every cohort's result in
+    cohort order, whichever shard holds it."""
+
+    def observe(self, day: int) -> None: ...
+
+    def answer(self, raw: bytes, world_day: int, now: float) -> tuple[list[Answer], int]: ...
+
+    def guards(self) -> dict[str, int]: ...
+
+
+class _FanoutInbox:
+    """The single inbox of :class:`ShardedCohorts`, counted by the network as one copy per cohort."""
+
+    def __init__(self, env: simpy.Environment, copies: int) -> None:
+        self.store: simpy.Store = simpy.Store(env)
+        self.copies = copies
+
+    def put(self, raw: bytes) -> Any:
+        return self.store.put(raw)
+
+
+class ShardedCohorts:
+    """Every cohort of a run as one SimPy process whose answers the shards compute (module docstring)."""
+
+    def __init__(self, env: simpy.Environment, pool: ShardPool, n_cohorts: int, world: World, network: Network,
+                 ledger: Ledger, send: Callable[[bytes], object]) -> None:
+        self.env, self.pool, self.world, self.network, self.ledger, self.send = env, pool, world, network, ledger, send
+        self.inbox = _FanoutInbox(env, n_cohorts)
+        self.rejected = 0  # collector messages the cohorts could not decode (one per cohort)
+        self.process = env.process(self.run())
+
+    def observe(self, day: int) -> None:
+        self.pool.observe(day)
+
+    def run(self):
+        while True:
+            raw = yield self.inbox.store.get()
+            answers, rejected = self.pool.answer(raw, self.world.day, float(self.env.now))
+            self.rejected += rejected
+            for ans in answers:  # in cohort order, as the cohorts' own processes would at this instant
+                for charge in ans.charges:
+                    self.ledger.record(charge)
+                self.network.traffic.reports_lost += ans.lost
+                for data, delay, reports in ans.sent:
+                    self.network.transmit(data, delay, self.send, reports=reports)

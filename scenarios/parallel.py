@@ -1,0 +1,240 @@
+"""Parallel cohorts in one run: ``[simulation] workers = N`` shard processes answer for the device cohorts.
+
+Design (measured in benchmarks/bench_parallel.py): the SimPy event loop, the collector side, the ledger and the
+event log stay in the run's process, exact and unchanged; only the device side's work, which is a pure function
+of keyed randomness (agents/shard.py), moves to the workers. Each worker is a separate Python process
+(``python -m scenarios.parallel``) holding a contiguous run of cohorts and its own world restricted to their
+ids. It rebuilds the scenario from the run's validated input (plain data) and speaks msgpack frames over its
+stdin and stdout: the collector's broadcasts go out as the very wire bytes the cohorts would receive, and each
+cohort's answer comes back as its charges and its report sub-batches, already wire-encoded with their network
+delays. Nothing is pickled. Workers run numba with one thread each, so N workers use N cores.
+
+Why processes speaking the wire format rather than shared-memory columns: the collector must receive each
+report batch as bytes anyway (it decodes and checks them as it would a real device's), the answers of a
+broadcast are a few bytes per device, and a worker that owns its devices' state outright needs no locking and
+could as well run on another machine (the Ray engine of issue 13 hosts the same :class:`~agents.shard.CohortShard`).
+
+The run's process waits while the shards answer a broadcast, so what it does alone between broadcasts (decode
+and store the reports, close the round, the ledger's spend distribution, the truth) bounds the speed-up.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+import sys
+import traceback
+from typing import Any, BinaryIO
+
+import msgpack
+import numpy as np
+
+from protocols.ledger import Charge
+
+__all__ = ["ProcessShards", "WorkerError", "resolve_workers", "split_cohorts", "AUTO_DEVICE_ROUNDS"]
+
+#: ``workers = 0`` (auto): one worker per available core when devices x rounds is at least this, else none
+#: (a worker costs about a second to start: below this size the run is over sooner in one process).
+AUTO_DEVICE_ROUNDS = 20_000_000
+
+_LEN = struct.Struct(">Q")
+
+
+class WorkerError(RuntimeError):
+    """A shard worker failed or exited; the message carries its traceback's last lines."""
+
+
+def available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        return os.cpu_count() or 1
+
+
+def resolve_workers(workers: int, devices: int, rounds: int, cohorts: int) -> int:
+    """The worker processes of a run: ``workers`` (0: auto, see :data:`AUTO_DEVICE_ROUNDS`), never more than its
+    cohorts; 1 means the cohorts run in the run's own process."""
+    if workers == 0:
+        workers = available_cores() if devices * rounds >= AUTO_DEVICE_ROUNDS else 1
+    return max(1, min(int(workers), int(cohorts)))
+
+
+def split_cohorts(cohorts: list[tuple[int, int]], shards: int) -> list[list[tuple[int, int]]]:
+    """Contiguous runs of cohorts with about equal device counts, one per shard (none empty)."""
+    total = sum(hi - lo for lo, hi in cohorts)
+    out: list[list[tuple[int, int]]] = [[] for _ in range(shards)]
+    done = 0
+    for c in cohorts:
+        k = min(shards - 1, done * shards // max(total, 1))
+        out[k].append(c)
+        done += c[1] - c[0]
+    return [s for s in out if s]
+
+
+# ------------------------------------------------------------------------------------------- frames
+def _write(stream: BinaryIO, obj: Any) -> None:
+    data = msgpack.packb(obj, use_bin_type=True)
+    stream.write(_LEN.pack(len(data)))
+    stream.write(data)
+    stream.flush()
+
+
+def _read(stream: BinaryIO) -> Any:
+    head = stream.read(_LEN.size)
+    if len(head) < _LEN.size:
+        raise EOFError("the other end closed the pipe")
+    (n,) = _LEN.unpack(head)
+    data = stream.read(n)
+    if len(data) < n:
+        raise EOFError("the other end closed the pipe mid-frame")
+    return msgpack.unpackb(data, raw=False)
+
+
+def _pack_charge(c: Charge) -> list:
+    ids = np.asarray(c.devices)
+    lo, hi = (int(ids[0]), int(ids[-1]) + 1) if ids.size else (0, 0)
+    listed = None if hi - lo == ids.size else ids.astype("<u8").tobytes()
+    return [c.round, c.time, c.reason, c.amount, c.cumulative, lo, hi, listed]
+
+
+def _unpack_charge(v: list) -> Charge:
+    rnd, time, reason, amount, cumulative, lo, hi, listed = v
+    ids = np.arange(lo, hi, dtype=np.int64) if listed is None else np.frombuffer(listed, dtype="<u8").astype(np.int64)
+    return Charge(int(rnd), float(time), str(reason), float(amount), ids, bool(cumulative))
+
+
+# ------------------------------------------------------------------------------------------- the run's side
+class ProcessShards:
+    """``len(shards)`` worker processes, each answering for one contiguous run of cohorts (agents.shard.ShardPool)."""
+
+    def __init__(self, scenario_data: dict, shards: list[list[tuple[int, int]]]) -> None:
+        env = {**os.environ, "NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+               "MKL_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        self.procs: list[subprocess.Popen] = []
+        try:
+            for cohorts in shards:
+                proc = subprocess.Popen([sys.executable, "-m", "scenarios.parallel"], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, env=env)
+                self.procs.append(proc)
+                _write(proc.stdin, {"op": "init", "scenario": scenario_data,  # type: ignore[arg-type]
+                                    "cohorts": [list(c) for c in cohorts]})
+            for proc in self.procs:
+                self._reply(proc)
+        except BaseException:
+            self.close()
+            raise
+
+    def _reply(self, proc: subprocess.Popen) -> Any:
+        try:
+            out = _read(proc.stdout)  # type: ignore[arg-type]
+        except EOFError:
+            proc.wait()
+            raise WorkerError(f"a shard worker exited with status {proc.returncode}") from None
+        if isinstance(out, dict) and "error" in out:
+            raise WorkerError(f"a shard worker failed: {out['error']}")
+        return out
+
+    def _all(self, command: dict) -> list[Any]:
+        for proc in self.procs:  # every worker starts at once; then the replies are read in shard order
+            _write(proc.stdin, command)  # type: ignore[arg-type]
+        return [self._reply(proc) for proc in self.procs]
+
+    def observe(self, day: int) -> None:
+        self._all({"op": "observe", "day": int(day)})
+
+    def answer(self, raw: bytes, world_day: int, now: float) -> tuple[list, int]:
+        from agents.shard import Answer
+
+        answers, rejected = [], 0
+        for reply in self._all({"op": "answer", "raw": raw, "day": int(world_day), "now": float(now)}):
+            rejected += int(reply["rejected"])
+            for charges, sent, lost in reply["cohorts"]:
+                answers.append(Answer([_unpack_charge(c) for c in charges],
+                                      [(bytes(d), float(t), int(k)) for d, t, k in sent], int(lost)))
+        return answers, rejected
+
+    def guards(self) -> dict[str, int]:
+        out = {"refusals": 0, "ignored": 0}
+        for reply in self._all({"op": "guards"}):
+            for k in out:
+                out[k] += int(reply[k])
+        return out
+
+    def close(self) -> None:
+        for proc in self.procs:
+            try:
+                if proc.poll() is None:
+                    _write(proc.stdin, {"op": "exit"})  # type: ignore[arg-type]
+                    proc.stdin.close()  # type: ignore[union-attr]
+            except OSError:
+                pass
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
+        self.procs = []
+
+    def __enter__(self) -> "ProcessShards":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# ------------------------------------------------------------------------------------------- the worker
+def _build_shard(scenario_data: dict, cohorts: list[tuple[int, int]]) -> Any:
+    from agents.shard import CohortShard
+    from agents.world import World
+    from collector.network import Network
+    from scenarios.schema import parse
+
+    sc = parse(scenario_data)
+    world = World(sc.seed, sc.devices, sc.groups, sc.changes, sc.protocol.max_value)
+    world.restrict(cohorts[0][0], cohorts[-1][1])
+    network = Network(None, sc.network, sc.seed)  # type: ignore[arg-type]  (keyed fates only: no SimPy here)
+    return CohortShard(sc.protocol, sc.seed, sc.limits, world, network, cohorts, sc.simulation.round_seconds)
+
+
+def worker(stdin: BinaryIO, stdout: BinaryIO) -> int:
+    """A shard worker's loop: init, then observe / answer / guards commands until exit or end of input."""
+    shard = None
+    while True:
+        try:
+            cmd = _read(stdin)
+        except EOFError:
+            return 0
+        try:
+            op = cmd["op"]
+            if op == "exit":
+                stdout.flush()
+                os._exit(0)  # nothing to tear down: skip the interpreter's (numba's) slow shutdown
+            if op == "init":
+                shard = _build_shard(cmd["scenario"], [(int(a), int(b)) for a, b in cmd["cohorts"]])
+                _write(stdout, {"ok": True})
+            elif shard is None:
+                raise RuntimeError(f"{op!r} before init")
+            elif op == "observe":
+                shard.observe(int(cmd["day"]))
+                _write(stdout, {"ok": True})
+            elif op == "answer":
+                answers, rejected = shard.answer(bytes(cmd["raw"]), int(cmd["day"]), float(cmd["now"]))
+                _write(stdout, {"rejected": rejected, "cohorts": [
+                    [[_pack_charge(c) for c in a.charges], [[d, t, k] for d, t, k in a.sent], a.lost]
+                    for a in answers]})
+            elif op == "guards":
+                _write(stdout, shard.guards())
+            else:
+                raise RuntimeError(f"unknown command {op!r}")
+        except Exception:
+            _write(stdout, {"error": "".join(traceback.format_exc().splitlines(True)[-6:])[-2000:]})
+
+
+if __name__ == "__main__":
+    _frames = os.fdopen(os.dup(1), "wb")  # the frames go to the original stdout; anything printed, to stderr
+    os.dup2(2, 1)
+    sys.exit(worker(sys.stdin.buffer, _frames))
