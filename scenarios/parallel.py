@@ -119,11 +119,20 @@ class ProcessShards:
                 self.procs.append(proc)
                 _write(proc.stdin, {"op": "init", "scenario": scenario_data,  # type: ignore[arg-type]
                                     "cohorts": [list(c) for c in cohorts]})
-            for proc in self.procs:
-                self._reply(proc)
         except BaseException:
             self.close()
             raise
+        self._started = False  # the workers start up while the run's process builds its own side
+
+    def _start(self) -> None:
+        if not self._started:
+            self._started = True
+            try:
+                for proc in self.procs:
+                    self._reply(proc)
+            except BaseException:
+                self.close()
+                raise
 
     def _reply(self, proc: subprocess.Popen) -> Any:
         try:
@@ -136,6 +145,7 @@ class ProcessShards:
         return out
 
     def _all(self, command: dict) -> list[Any]:
+        self._start()
         for proc in self.procs:  # every worker starts at once; then the replies are read in shard order
             _write(proc.stdin, command)  # type: ignore[arg-type]
         return [self._reply(proc) for proc in self.procs]
@@ -160,6 +170,10 @@ class ProcessShards:
             for k in out:
                 out[k] += int(reply[k])
         return out
+
+    def peak_mb(self) -> list[float]:
+        """Each worker's peak resident memory so far (MB)."""
+        return [float(r["peak_mb"]) for r in self._all({"op": "stats"})]
 
     def close(self) -> None:
         for proc in self.procs:
@@ -228,6 +242,10 @@ def worker(stdin: BinaryIO, stdout: BinaryIO) -> int:
                     for a in answers]})
             elif op == "guards":
                 _write(stdout, shard.guards())
+            elif op == "stats":
+                import resource
+
+                _write(stdout, {"peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
             else:
                 raise RuntimeError(f"unknown command {op!r}")
         except Exception:

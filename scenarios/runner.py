@@ -96,6 +96,19 @@ def run(scenario: Scenario, events: TextIO | None = None,
     """Run ``scenario``; JSON-lines events go to ``events``; ``progress(done, total)`` after each round."""
     t0 = time.perf_counter()
     sc = scenario
+    slices = cohort_slices(sc.devices, sc.simulation.cohort_size)
+    workers = resolve_workers(sc.simulation.workers, sc.devices, sc.rounds, len(slices))
+    # the cohorts' work in shard processes (scenarios/parallel.py), started first: they load while this builds
+    pool = ProcessShards(sc.as_run, split_cohorts(slices, workers)) if workers > 1 else None
+    try:
+        return _run(sc, t0, slices, workers, pool, events, progress)
+    finally:
+        if pool is not None:
+            pool.close()
+
+
+def _run(sc: Scenario, t0: float, slices: list[tuple[int, int]], workers: int, pool: ProcessShards | None,
+         events: TextIO | None, progress: Callable[[int, int], None] | None) -> RunResult:
     env = simpy.Environment()
     log = _event_logger(events, env).bind(run=sc.name, seed=sc.seed)
     world = World(sc.seed, sc.devices, sc.groups, sc.changes, sc.protocol.max_value)
@@ -106,12 +119,8 @@ def run(scenario: Scenario, events: TextIO | None = None,
 
     collector = CollectorProcess(env, protocol, network, [], sc.network.deadline, log,
                                  Hostility(sc.behavior, sc.protocol.max_value))
-    slices = cohort_slices(sc.devices, sc.simulation.cohort_size)
-    workers = resolve_workers(sc.simulation.workers, sc.devices, sc.rounds, len(slices))
-    pool: ProcessShards | None = None
     cohorts: list[Any] = []
-    if workers > 1:  # the cohorts' work in shard processes (scenarios/parallel.py)
-        pool = ProcessShards(sc.as_run, split_cohorts(slices, workers))
+    if pool is not None:
         sharded = ShardedCohorts(env, pool, len(slices), world, network, ledger, collector.deliver)
         collector.cohort_inboxes.append(sharded.inbox)
         observing = hasattr(sc.protocol.make_devices(sc.seed, np.arange(1), sc.limits), "observe")
@@ -157,20 +166,18 @@ def run(scenario: Scenario, events: TextIO | None = None,
             yield env.process(collector.run_round(t))
             log.info("round_beyond_horizon", round=t, reports=collector.stats.reports_accepted)
 
-    try:
-        done = env.process(clock())
-        env.run(until=done)
-        if pool is not None:
-            guards, rejected = pool.guards(), sharded.rejected
-        else:
-            guards, rejected = guard_counts([c.device for c in cohorts]), sum(c.rejected for c in cohorts)
-    finally:
-        if pool is not None:
-            pool.close()
+    done = env.process(clock())
+    env.run(until=done)
+    extra: dict[str, Any] = {"workers": workers}
+    if pool is not None:
+        guards, rejected = pool.guards(), sharded.rejected
+        extra["worker_peak_mb"] = pool.peak_mb()
+    else:
+        guards, rejected = guard_counts([c.device for c in cohorts]), sum(c.rejected for c in cohorts)
     wall = time.perf_counter() - t0
     log.info("run_finished", wall_seconds=wall, messages_rejected=collector.stats.rejected)
     return RunResult(sc, book.records, ledger, world, collector, network, protocol.transcript_digest(), wall,
-                     rejected, guards, extra={"workers": workers}, true_values=book.true_values)
+                     rejected, guards, extra=extra, true_values=book.true_values)
 
 
 class RoundBook:

@@ -1,0 +1,101 @@
+"""Benchmark: one run's cohorts in N worker processes (``[simulation] workers``, scenarios/parallel.py).
+
+Runs the shipped 31-day app-usage scenario (1BitRRPM, gamma 0.1) at the given population once per worker count,
+each in a fresh child process, and reports the simulation's wall time (``runner.run``), the speed-up over one
+worker measured in the same invocation, whether every digest equals the one-worker run's, the run's peak memory
+(its own process plus its workers) and, as the machine's yardstick, numpy's single-thread uniform draws per second.
+Appends one record to benchmarks/results.jsonl.
+
+    python benchmarks/bench_parallel.py                                  # 3,000,000 x 31, workers 1 and 2
+    python benchmarks/bench_parallel.py --workers 1,2,4,8,16 --devices 3000000
+    python benchmarks/bench_parallel.py --workers 1,16 --devices 100000000 --cohort-size 1000000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent
+
+
+def numpy_uniforms_per_second(n: int = 10_000_000, repeat: int = 5) -> float:
+    rng = np.random.default_rng(0)
+    out = np.empty(n)
+    best = float("inf")
+    for _ in range(repeat):
+        t = time.perf_counter()
+        rng.random(out=out)
+        best = min(best, time.perf_counter() - t)
+    return n / best
+
+
+def one(devices: int, rounds: int, cohort: int, workers: int) -> dict:
+    """One run in this process (called in a child): its wall time, digests and memory."""
+    sys.path.insert(0, str(ROOT.parent))
+    from scenarios import output, runner, schema
+
+    runner.run(schema.load("app_usage_31d", ["population.devices=1000", "rounds=2", "simulation.workers=1"]))
+    sc = schema.load("app_usage_31d", [f"population.devices={devices}", f"rounds={rounds}",
+                                       f"simulation.cohort_size={cohort}", f"simulation.workers={workers}",
+                                       "protocol.gamma=0.1", "analysis.attacks=false"])
+    result = runner.run(sc)
+    summ = output.summary(result)
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"workers": workers, "simulate_seconds": round(result.wall_seconds, 3), "digests": summ["digests"],
+            "mean_abs_error": summ["error"]["mean_abs"], "peak_mb_run_process": round(own),
+            "peak_mb_workers": [round(m) for m in result.extra.get("worker_peak_mb", [])],
+            "peak_mb_total": round(own + sum(result.extra.get("worker_peak_mb", [])))}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--devices", type=int, default=3_000_000)
+    ap.add_argument("--rounds", type=int, default=31)
+    ap.add_argument("--cohort-size", type=int, default=100_000)
+    ap.add_argument("--workers", default="1,2", help="comma-separated worker counts; the first is the baseline")
+    ap.add_argument("--one", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--no-record", action="store_true", help="do not append to benchmarks/results.jsonl")
+    args = ap.parse_args()
+    if args.one is not None:
+        print(json.dumps(one(args.devices, args.rounds, args.cohort_size, args.one)))
+        return
+    counts = [int(w) for w in args.workers.split(",")]
+    uni = numpy_uniforms_per_second()
+    rows = []
+    for w in counts:
+        out = subprocess.run([sys.executable, __file__, "--one", str(w), "--devices", str(args.devices),
+                              "--rounds", str(args.rounds), "--cohort-size", str(args.cohort_size)],
+                             check=True, capture_output=True, text=True)
+        row = json.loads(out.stdout.strip().splitlines()[-1])
+        rows.append(row)
+        base = rows[0]
+        row["speedup"] = round(base["simulate_seconds"] / row["simulate_seconds"], 2)
+        row["digests_equal"] = row["digests"] == base["digests"]
+        dr = args.devices * args.rounds / row["simulate_seconds"]
+        print(f"| {w:>3} workers | {row['simulate_seconds']:7.2f} s | {dr / 1e6:6.1f} M device-rounds/s | "
+              f"x{row['speedup']:.2f} | {dr / uni:.3f} of numpy draws/s | digests equal: {row['digests_equal']} | "
+              f"peak {row['peak_mb_total']:,} MB |", flush=True)
+    record = {"benchmark": "parallel_cohorts", "date": time.strftime("%Y-%m-%d"),
+              "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+              "devices": args.devices, "rounds": args.rounds, "cohort_size": args.cohort_size,
+              "numpy_uniforms_per_second": round(uni),
+              "runs": [{k: v for k, v in r.items() if k != "digests"} for r in rows],
+              "digests_equal": all(r["digests_equal"] for r in rows)}
+    print(json.dumps(record))
+    if not args.no_record:
+        with open(ROOT / "results.jsonl", "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+if __name__ == "__main__":
+    main()
