@@ -13,11 +13,33 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import math
+
+import numba as nb
 import numpy as np
 import simpy
 
 from protocols import keyed
 from protocols.keyed import Purpose, stream_key
+
+
+@nb.njit(cache=True)
+def _fate_kernel(ids, loss_key, latency_key, loss, latency, jitter, time_left, fate):
+    """fate[i]: 0 lost, 1 on time, 2 late, each report by its keyed loss draw (kept when u >= loss) and keyed
+    exponential delay latency - jitter log(1 - u); returns the largest on-time and late delays."""
+    on_max, late_max = 0.0, 0.0
+    for i in range(ids.shape[0]):
+        if loss > 0.0 and keyed.uniform1(loss_key, ids[i]) < loss:
+            fate[i] = 0
+            continue
+        delay = latency - jitter * math.log1p(-keyed.uniform1(latency_key, ids[i]))
+        if delay < time_left:
+            fate[i] = 1
+            on_max = max(on_max, delay)
+        else:
+            fate[i] = 2
+            late_max = max(late_max, delay)
+    return on_max, late_max
 
 
 @dataclass(frozen=True)
@@ -63,25 +85,25 @@ class Network:
         """Split a batch's reports by keyed loss and latency; ``time_left`` is the time until the deadline."""
         p = self.params
         n = device_ids.shape[0]
+        if p.jitter > 0:  # one pass over the batch (the kernel above)
+            fate = np.empty(n, dtype=np.uint8)
+            on_delay, late_delay = _fate_kernel(
+                np.ascontiguousarray(device_ids, dtype=np.uint64),
+                np.uint64(stream_key(self.seed, Purpose.LOSS, round_)),
+                np.uint64(stream_key(self.seed, Purpose.LATENCY, round_)), float(p.loss), float(p.latency),
+                float(p.jitter), float(time_left), fate)
+            on_idx, late_idx = np.flatnonzero(fate == 1), np.flatnonzero(fate == 2)
+            lost = n - on_idx.size - late_idx.size
+            self.traffic.reports_lost += lost
+            return Fate(on_idx, float(on_delay), late_idx, float(late_delay), lost)
         keep = np.ones(n, dtype=bool)
         if p.loss > 0:
             keep = keyed.uniform(stream_key(self.seed, Purpose.LOSS, round_), device_ids) >= p.loss
-        if p.jitter > 0:
-            u = keyed.uniform(stream_key(self.seed, Purpose.LATENCY, round_), device_ids)
-            delay = p.latency - p.jitter * np.log1p(-u)
-            on = keep & (delay < time_left)
-            late = keep & ~on
-            on_idx, late_idx = np.flatnonzero(on), np.flatnonzero(late)
-            on_delay = float(delay[on_idx].max()) if on_idx.size else 0.0
-            late_delay = float(delay[late_idx].max()) if late_idx.size else 0.0
-        else:
-            on_time = p.latency < time_left
-            idx = np.flatnonzero(keep) if p.loss > 0 else np.arange(n)
-            on_idx, late_idx = (idx, idx[:0]) if on_time else (idx[:0], idx)
-            on_delay = late_delay = p.latency
-        lost = int(n - int(keep.sum()))
+        idx = np.flatnonzero(keep) if p.loss > 0 else np.arange(n)
+        on_idx, late_idx = (idx, idx[:0]) if p.latency < time_left else (idx[:0], idx)
+        lost = int(n - idx.size)
         self.traffic.reports_lost += lost
-        return Fate(on_idx, on_delay, late_idx, late_delay, lost)
+        return Fate(on_idx, p.latency, late_idx, p.latency, lost)
 
     def received(self, device_ids: np.ndarray, round_: int, kind: int) -> np.ndarray | None:
         """Which devices a broadcast of ``kind`` for ``round_`` reached (keyed; None: all)."""

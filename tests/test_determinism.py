@@ -94,3 +94,24 @@ def test_churn_is_cohort_invariant_and_absent_devices_are_never_charged(name: st
         assert set(rounds) <= {3, 4, 5} and rounds
         assert [r.reports for r in result.rounds] == [720, 720, 1200, 1200, 1200, 720]
     assert summaries[0]["digests"] == summaries[1]["digests"]
+
+
+def test_network_fates_are_the_keyed_loss_and_exponential_delay_of_each_report():
+    """collector.network's one-pass kernel gives exactly the per-report fates of the formula: kept when the keyed
+    loss draw u >= loss, delay latency - jitter log(1 - u') from a second keyed draw, on time when before the
+    deadline; and each sub-batch lands with its slowest report."""
+    from collector.network import Network, NetworkParams
+    from protocols import keyed
+    from protocols.keyed import Purpose, stream_key
+
+    p = NetworkParams(latency=0.05, jitter=2.0, loss=0.1, deadline=5.0)
+    net = Network(None, p, 7)  # type: ignore[arg-type]  (fates need no SimPy environment)
+    ids = np.arange(0, 300_000, 3, dtype=np.uint64)
+    for r in range(1, 4):
+        fate = net.fate(ids, r, 4.0)
+        keep = keyed.uniform(stream_key(7, Purpose.LOSS, r), ids) >= p.loss
+        delay = p.latency - p.jitter * np.log1p(-keyed.uniform(stream_key(7, Purpose.LATENCY, r), ids))
+        on, late = keep & (delay < 4.0), keep & (delay >= 4.0)
+        assert np.array_equal(fate.on_time, np.flatnonzero(on)) and np.array_equal(fate.late, np.flatnonzero(late))
+        assert (fate.on_time_delay, fate.late_delay) == (delay[on].max(), delay[late].max())
+        assert fate.lost == np.count_nonzero(~keep) > 0 and late.any()
