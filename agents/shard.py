@@ -108,6 +108,15 @@ class CohortShard:
         return [answer_cohort(d, ids, self.world, self.network, msg, day, now)
                 for d, ids in zip(self.devices, self.ids)], 0
 
+    def values(self, day: int, out: np.ndarray) -> int:
+        """Write the shard's devices' values on ``day`` into ``out`` (all devices' positions, this shard's
+        range filled) and return how many of them were clipped."""
+        self.world.advance_to(day)
+        lo, hi = self.cohorts[0][0], self.cohorts[-1][1]
+        values, clipped = self.world.values(np.arange(lo, hi))
+        out[lo:hi] = values
+        return clipped
+
     def guards(self) -> dict[str, int]:
         """The device sides' enforcement counters, summed: refusals for the budget, messages ignored."""
         return {"refusals": sum(d.guard.refusals for d in self.devices),  # type: ignore[attr-defined]
@@ -121,6 +130,8 @@ class ShardPool(Protocol):
     def observe(self, day: int) -> None: ...
 
     def answer(self, raw: bytes, world_day: int, now: float) -> tuple[list[Answer], int]: ...
+
+    def values(self, day: int) -> tuple[np.ndarray, int]: ...
 
     def guards(self) -> dict[str, int]: ...
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 import numba as nb
 import numpy as np
@@ -213,6 +214,15 @@ class World:
             self.free[lo:hi] = True
         self._mean = math.nan  # the previous round's mean value over the population (behaviors' Day.mean)
         self.span = (0, self.n)  # the devices whose values are computed (restrict)
+        self._source: Any = None  # values computed elsewhere (use_values)
+
+    def use_values(self, source: Any) -> None:
+        """Take every day's values from ``source(day) -> (values of all devices, clipped count)`` instead of
+        computing them (a sharded run's process, whose workers compute them anyway: scenarios/parallel.py).
+        Not for a world with behaviors, whose own copies must see every day."""
+        if not self._scripts:
+            self._source = source
+            self._cache_day = -1
 
     def restrict(self, lo: int, hi: int) -> None:
         """Compute the values of devices lo..hi-1 only (a shard's world, agents/shard.py); the clipped count is
@@ -304,6 +314,9 @@ class World:
         day = self.day if day is None else day
         if day != self.day:
             raise ValueError(f"the world is at round {self.day}, not {day}")
+        if self._cache_day != day and self._source is not None:
+            self._cache, self._clipped = self._source(day)
+            self._cache_day = day
         if self._cache_day != day:
             self._cache = np.empty(self.n, dtype=np.float64)
             key = np.uint64(stream_key(self.seed, Purpose.JITTER, day))

@@ -51,10 +51,14 @@ def one(devices: int, rounds: int, cohort: int, workers: int) -> dict:
     result = runner.run(sc)
     summ = output.summary(result)
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    stats = result.extra.get("worker_stats", [])
     return {"workers": workers, "simulate_seconds": round(result.wall_seconds, 3), "digests": summ["digests"],
             "mean_abs_error": summ["error"]["mean_abs"], "peak_mb_run_process": round(own),
-            "peak_mb_workers": [round(m) for m in result.extra.get("worker_peak_mb", [])],
-            "peak_mb_total": round(own + sum(result.extra.get("worker_peak_mb", [])))}
+            "peak_mb_workers": [round(w["peak_mb"]) for w in stats],
+            "worker_answer_seconds": [round(w["answer_seconds"], 2) for w in stats],
+            "worker_send_seconds": [round(w["send_seconds"], 2) for w in stats],
+            "worker_cpu_seconds": [round(w["cpu_seconds"], 2) for w in stats],
+            "peak_mb_total": round(own + sum(w["peak_mb"] for w in stats))}
 
 
 def main() -> None:

@@ -24,6 +24,8 @@ import os
 import struct
 import subprocess
 import sys
+import tempfile
+import time
 import traceback
 from typing import Any, BinaryIO
 
@@ -109,6 +111,14 @@ class ProcessShards:
     """``len(shards)`` worker processes, each answering for one contiguous run of cohorts (agents.shard.ShardPool)."""
 
     def __init__(self, scenario_data: dict, shards: list[list[tuple[int, int]]]) -> None:
+        devices = shards[-1][-1][1]
+        # the day's values of every device, written by the workers, read by the run's world (the truth): a file
+        # in shared memory (/dev/shm where there is one), mapped by every process
+        where = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        fd, self.values_path = tempfile.mkstemp(prefix="ldpsim-values-", suffix=".f8", dir=where)
+        os.ftruncate(fd, max(devices, 1) * 8)
+        os.close(fd)
+        self._values = np.memmap(self.values_path, dtype=np.float64, mode="r+", shape=(max(devices, 1),))[:devices]
         env = {**os.environ, "NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
                "MKL_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         self.procs: list[subprocess.Popen] = []
@@ -118,7 +128,7 @@ class ProcessShards:
                                         stdout=subprocess.PIPE, env=env)
                 self.procs.append(proc)
                 _write(proc.stdin, {"op": "init", "scenario": scenario_data,  # type: ignore[arg-type]
-                                    "cohorts": [list(c) for c in cohorts]})
+                                    "cohorts": [list(c) for c in cohorts], "values": self.values_path})
         except BaseException:
             self.close()
             raise
@@ -164,6 +174,12 @@ class ProcessShards:
                                       [(bytes(d), float(t), int(k)) for d, t, k in sent], int(lost)))
         return answers, rejected
 
+    def values(self, day: int) -> tuple[np.ndarray, int]:
+        """Every device's value on ``day`` (computed by the workers; valid until the next call) and how many were
+        clipped."""
+        clipped = sum(int(r["clipped"]) for r in self._all({"op": "values", "day": int(day)}))
+        return self._values, clipped
+
     def guards(self) -> dict[str, int]:
         out = {"refusals": 0, "ignored": 0}
         for reply in self._all({"op": "guards"}):
@@ -171,9 +187,10 @@ class ProcessShards:
                 out[k] += int(reply[k])
         return out
 
-    def peak_mb(self) -> list[float]:
-        """Each worker's peak resident memory so far (MB)."""
-        return [float(r["peak_mb"]) for r in self._all({"op": "stats"})]
+    def stats(self) -> list[dict[str, float]]:
+        """Each worker's peak resident memory so far (``peak_mb``) and its seconds computing answers and sending
+        them (``answer_seconds``, ``send_seconds``, wall; ``cpu_seconds`` for both)."""
+        return [{k: float(v) for k, v in r.items()} for r in self._all({"op": "stats"})]
 
     def close(self) -> None:
         for proc in self.procs:
@@ -183,6 +200,12 @@ class ProcessShards:
                     proc.stdin.close()  # type: ignore[union-attr]
             except OSError:
                 pass
+        if getattr(self, "values_path", None):
+            try:
+                os.unlink(self.values_path)
+            except OSError:
+                pass
+            self.values_path = ""
         for proc in self.procs:
             try:
                 proc.wait(timeout=10)
@@ -217,6 +240,7 @@ def _build_shard(scenario_data: dict, cohorts: list[tuple[int, int]]) -> Any:
 def worker(stdin: BinaryIO, stdout: BinaryIO) -> int:
     """A shard worker's loop: init, then observe / answer / guards commands until exit or end of input."""
     shard = None
+    busy = [0.0, 0.0, 0.0]  # seconds computing answers, sending them, and CPU seconds for both
     while True:
         try:
             cmd = _read(stdin)
@@ -229,6 +253,7 @@ def worker(stdin: BinaryIO, stdout: BinaryIO) -> int:
                 os._exit(0)  # nothing to tear down: skip the interpreter's (numba's) slow shutdown
             if op == "init":
                 shard = _build_shard(cmd["scenario"], [(int(a), int(b)) for a, b in cmd["cohorts"]])
+                values = np.memmap(cmd["values"], dtype=np.float64, mode="r+")
                 _write(stdout, {"ok": True})
             elif shard is None:
                 raise RuntimeError(f"{op!r} before init")
@@ -236,16 +261,24 @@ def worker(stdin: BinaryIO, stdout: BinaryIO) -> int:
                 shard.observe(int(cmd["day"]))
                 _write(stdout, {"ok": True})
             elif op == "answer":
+                t0, c0 = time.perf_counter(), time.process_time()
                 answers, rejected = shard.answer(bytes(cmd["raw"]), int(cmd["day"]), float(cmd["now"]))
+                t1 = time.perf_counter()
                 _write(stdout, {"rejected": rejected, "cohorts": [
                     [[_pack_charge(c) for c in a.charges], [[d, t, k] for d, t, k in a.sent], a.lost]
                     for a in answers]})
+                busy[0] += t1 - t0
+                busy[1] += time.perf_counter() - t1
+                busy[2] += time.process_time() - c0
+            elif op == "values":
+                _write(stdout, {"clipped": shard.values(int(cmd["day"]), values)})
             elif op == "guards":
                 _write(stdout, shard.guards())
             elif op == "stats":
                 import resource
 
-                _write(stdout, {"peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
+                _write(stdout, {"peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                                "answer_seconds": busy[0], "send_seconds": busy[1], "cpu_seconds": busy[2]})
             else:
                 raise RuntimeError(f"unknown command {op!r}")
         except Exception:

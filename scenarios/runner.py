@@ -122,6 +122,7 @@ def _run(sc: Scenario, t0: float, slices: list[tuple[int, int]], workers: int, p
     cohorts: list[Any] = []
     if pool is not None:
         sharded = ShardedCohorts(env, pool, len(slices), world, network, ledger, collector.deliver)
+        world.use_values(pool.values)  # the truth from the values the workers compute anyway
         collector.cohort_inboxes.append(sharded.inbox)
         observing = hasattr(sc.protocol.make_devices(sc.seed, np.arange(1), sc.limits), "observe")
         observers: list[Any] = [sharded] if observing else []
@@ -171,7 +172,7 @@ def _run(sc: Scenario, t0: float, slices: list[tuple[int, int]], workers: int, p
     extra: dict[str, Any] = {"workers": workers}
     if pool is not None:
         guards, rejected = pool.guards(), sharded.rejected
-        extra["worker_peak_mb"] = pool.peak_mb()
+        extra["worker_stats"] = pool.stats()
     else:
         guards, rejected = guard_counts([c.device for c in cohorts]), sum(c.rejected for c in cohorts)
     wall = time.perf_counter() - t0
