@@ -12,11 +12,12 @@ Importing the package imports none of its modules; import the one you need
 - ``audit``: ``ldpsim audit``, replaying devices through protocols/reference.py's one-device models;
 - ``attacks``, ``privacy_audit``: what a curious collector learns, and empirical lower bounds on epsilon;
 - ``conformance``: the conformance kit every protocol (built in or a plugin) must pass, for test suites;
-- ``sweep``, ``compare``: parameter grids, and THRESH against naive repetition;
+- ``sweep``, ``sweep_worker``, ``compare``: parameter grids (a pool of warmed workers or a Dask cluster), and
+  THRESH against naive repetition;
 - ``cli``: the ``ldpsim`` command.
 """
 
 __all__ = [
     "accounting", "attacks", "audit", "cli", "compare", "conformance", "journal", "live", "metrics", "output", "parallel",
-    "plots", "privacy_audit", "runner", "schema", "sweep", "tables",
+    "plots", "privacy_audit", "runner", "schema", "sweep", "sweep_worker", "tables",
 ]

@@ -3,13 +3,37 @@
 A sweep runs every point of a grid (the cross product of each grid key's values, applied to the scenario like
 ``--set``) R times. Repetition r of every point uses the seed ``stream_key(base_seed, SWEEP_PURPOSE, r)``
 masked to 63 bits: the same seeds at every point (common random numbers), so points are compared on equal
-draws. Runs go to a pool of worker processes; each returns only ``output.summary`` of its run.
+draws. Each run returns only ``output.summary`` of its run.
+
+Where runs go. Jobs are started longest first, by estimated cost (devices x rounds of the parsed scenario of
+each grid point), so a sweep does not end with one long run on one worker while the others idle. With
+``--workers 1`` they run in this process. With W > 1 they go to one pool of W spawned worker processes for
+the whole sweep (scenarios/sweep_worker.py): each is started with numba, OpenMP, MKL and OpenBLAS pinned to
+one thread (NUMBA_NUM_THREADS=1 and the like in its environment before anything is imported, so W workers
+use W cores without oversubscribing them), loads the numba kernels of the sweep's protocols once in the
+pool initializer (a warm-up run on a few hundred devices), then takes runs one after another, each with its
+cohorts in that process (``[simulation] workers = 1`` unless the scenario sets it: the sweep is parallel
+across runs); it exits by itself if the sweep's process dies. ``--cluster tcp://HOST:PORT`` sends the runs to a running Dask
+distributed scheduler instead (its workers need ldpsim installed, and any data file the scenario names at
+the same path), and ``--cluster local:N`` starts a Dask LocalCluster of N single-threaded worker processes
+for the sweep (numba pinned the same way) and stops it at the end. Every job is submitted at once with its
+rank as the Dask priority (longest first); each worker process warms itself once per protocol. Dask is the
+optional extra ``ldpsim[dask]``. Only plain data crosses to a worker, local or Dask: a job is a dict of
+ints and the scenario's TOML data, a result a dict of JSON values; the worker function is named by
+reference; no project object is pickled. The digests of a run are the same whichever way it ran.
 
 DIR holds ``sweep.json`` (the definition, written first), ``runs.jsonl`` (one line per finished run, appended
 as runs finish), ``failed.jsonl`` (runs that raised in the latest invocation, with their tracebacks),
-``results.csv`` (one tidy row per run) and one ``error_<name>.png`` per error figure. Re-running the same
-sweep into DIR runs only the (point, repetition) pairs missing from runs.jsonl, so an interrupted or partly
-failed sweep is resumed by repeating the command.
+``results.csv`` (one tidy row per run), ``results.parquet`` (the same rows, typed; written to a temporary name
+and moved into place) and one ``error_<name>.png`` per error figure. Re-running the same sweep into DIR runs
+only the (point, repetition) pairs missing from runs.jsonl, locally or on a cluster, so an interrupted or
+partly failed sweep is resumed by repeating the command.
+
+Scaling: ``python benchmarks/bench_sweep_scaling.py --repeat 2`` (32 runs of 150,000 devices x 14 rounds;
+1 worker against N, pool and local cluster, start-up included). On the shared 2-core project machine (two
+CPU-bound processes ran no faster than one: other jobs held a core) it gave a parallel efficiency on 2
+workers of 0.45 and 0.63 (pool) and 0.49 and 0.39 (``local:2``) in two invocations; the target, 0.85, is
+still to be measured on an idle machine (README.md, section Sweeps).
 """
 
 from __future__ import annotations
@@ -19,18 +43,18 @@ import itertools
 import json
 import math
 import os
-import signal
+import re
 import sys
-import threading
 import time
 import traceback
 from collections import defaultdict
-import dataclasses
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from protocols.keyed import stream_key
+from scenarios import sweep_worker
 from scenarios.schema import ScenarioError, _parse_value, apply_overrides, parse, read
 
 SWEEP_PURPOSE = 100  # stream tag of repetition seeds; beyond protocols.keyed.Purpose so no stream collides
@@ -276,63 +300,86 @@ def _validate(base: dict[str, Any], grid: dict[str, list[Any]]) -> list[str]:
 
 
 # -------------------------------------------------------------------------------------------- running
-def run_job(job: tuple[int, int, int, dict[str, Any]]) -> dict[str, Any]:
-    """Run one (point, repetition) in this process; a run that raises comes back as an error record."""
-    index, rep, seed, data = job
+Job = dict[str, Any]  # {"index", "repetition", "seed", "scenario"}: plain data, what a worker receives
+
+
+def job_cost(data: dict[str, Any]) -> int:
+    """The estimated cost of a run, for longest-first scheduling: devices x rounds of its parsed scenario."""
+    sc = parse(data)
+    return sc.devices * sc.rounds
+
+
+def longest_first(jobs: list[Job]) -> list[Job]:
+    """Jobs ordered by decreasing ``job_cost`` (ties keep their order): the long runs start first, so the
+    sweep does not end with one long run on one worker while the others idle."""
+    costs = [job_cost(job["scenario"]) for job in jobs]
+    return [jobs[k] for k in sorted(range(len(jobs)), key=lambda k: -costs[k])]
+
+
+def build_jobs(sweep: Sweep, todo: list[tuple[int, int]] | None = None) -> list[Job]:
+    """The jobs of the (point index, repetition) pairs ``todo`` (default: every run), longest first; each
+    carries its scenario dict with the repetition's seed."""
+    points = sweep.points
+    if todo is None:
+        todo = [(i, r) for r in range(sweep.repeat) for i in range(len(points))]
+    data = {i: sweep.point_data(points[i]) for i in sorted({i for i, _ in todo})}
+    return longest_first([{"index": i, "repetition": r, "seed": sweep.seeds[r],
+                           "scenario": {**data[i], "seed": sweep.seeds[r]}} for i, r in todo])
+
+
+def _warm_set(jobs: list[Job]) -> list[dict[str, Any]]:
+    """One scenario per protocol among the jobs (the first, so the longest): what each worker warms up."""
+    seen: dict[str, dict[str, Any]] = {}
+    for job in jobs:
+        seen.setdefault(str(job["scenario"].get("protocol", {}).get("name", "")), job["scenario"])
+    return list(seen.values())
+
+
+def _failure(job: Job, exc: BaseException) -> dict[str, Any]:
+    """The error record of a job whose worker died (or that the cluster gave up on)."""
+    return {"index": job["index"], "repetition": job["repetition"], "seed": job["seed"],
+            "error": f"{type(exc).__name__}: {exc}", "traceback": "".join(traceback.format_exception(exc))}
+
+
+@contextmanager
+def _environ(values: dict[str, str]) -> Iterator[None]:
+    """``values`` in os.environ inside the block (for the processes started there), restored after it."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
     try:
-        from scenarios import output, runner
-
-        # a sweep records summaries only: the attack metrics (which keep every device's true values) are not read
-        result = runner.run(dataclasses.replace(parse(data), attacks=False))
-        return {"index": index, "repetition": rep, "seed": seed, "summary": output.summary(result)}
-    except Exception as exc:  # noqa: BLE001 - a failed run is recorded, the sweep carries on
-        return {"index": index, "repetition": rep, "seed": seed, "error": f"{type(exc).__name__}: {exc}",
-                "traceback": traceback.format_exc()}
-
-
-def _worker_init(parent: int) -> None:
-    """A sweep worker: Ctrl-C is handled by the parent, which stops the pool; and the worker exits by itself
-    when its parent dies (even by SIGKILL, which gives the parent no chance to stop it): on Linux the kernel
-    sends it SIGTERM (PR_SET_PDEATHSIG), and everywhere a watcher thread notices the parent has changed."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if sys.platform.startswith("linux"):
-        try:
-            import ctypes
-
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
-        except (OSError, AttributeError):
-            pass
-    if os.getppid() != parent:  # the parent died before the line above took effect
-        os._exit(1)
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(1.0)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
-def run_jobs(jobs: list[tuple[int, int, int, dict[str, Any]]], workers: int) -> Iterator[dict[str, Any]]:
-    """Results of ``run_job`` as they finish: in this process for one worker, else in a process pool."""
-    if workers <= 1:
+def run_jobs(jobs: list[Job], workers: int, in_process: bool | None = None) -> Iterator[dict[str, Any]]:
+    """Results of ``sweep_worker.run_job`` as they finish, started in the order ``jobs`` are given (so longest
+    first): in this process (``in_process``; by default for one worker), else in one pool of ``workers``
+    processes for the whole sweep. Each pool process is spawned with one thread for numba and the
+    BLAS/OpenMP libraries (``THREAD_ENV``, in its environment before anything is imported), warms the
+    kernels of the sweep's protocols once in its initializer, then takes the runs one after another, each
+    with its cohorts in that process unless the scenario sets ``[simulation] workers`` itself."""
+    if in_process if in_process is not None else workers <= 1:
         for job in jobs:
-            yield run_job(job)
+            yield sweep_worker.run_job(job)
         return
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
-    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=_worker_init, initargs=(os.getpid(),))
-    futures = {pool.submit(run_job, job): job for job in jobs}
+    with _environ(sweep_worker.THREAD_ENV):  # the pool's processes start in submit(): all of them in this block
+        pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                                   initializer=sweep_worker.pool_init, initargs=(os.getpid(), _warm_set(jobs)))
+        futures = {pool.submit(sweep_worker.pool_job, job): job for job in jobs}
     try:
         for fut in as_completed(futures):
             try:
                 yield fut.result()
             except Exception as exc:  # noqa: BLE001 - the worker itself died (e.g. killed for memory)
-                index, rep, seed, _ = futures[fut]
-                yield {"index": index, "repetition": rep, "seed": seed, "error": f"{type(exc).__name__}: {exc}",
-                       "traceback": "".join(traceback.format_exception(exc))}
+                yield _failure(futures[fut], exc)
     except BaseException:
         procs = list((getattr(pool, "_processes", None) or {}).values())
         for proc in procs:  # interrupted: stop the runs in progress rather than wait for them
@@ -342,6 +389,106 @@ def run_jobs(jobs: list[tuple[int, int, int, dict[str, Any]]], workers: int) -> 
         pool.shutdown(wait=False, cancel_futures=True)
         raise
     pool.shutdown()
+
+
+# ------------------------------------------------------------------------------------- a Dask cluster
+CLUSTER_EXTRA = "--cluster needs the dask extra: pip install 'ldpsim[dask]'"
+_TCP = re.compile(r"tcp://(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(?P<port>[0-9]{1,5})")
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Where ``--cluster`` sends the runs: ``address`` (tcp://HOST:PORT) or ``local`` worker processes."""
+
+    address: str | None = None
+    local: int = 0
+
+    def __str__(self) -> str:
+        return self.address or f"local:{self.local}"
+
+
+#: Dask settings of a ``local:N`` cluster: one task at a time per worker (so runs start in priority order,
+#: longest first, with nothing queued on a busy worker to steal back), and no statistical profiler sampling
+#: the worker's threads every 10 ms (a few per cent more CPU time for the same runs, measured)
+LOCAL_CLUSTER_CONFIG = {"distributed.scheduler.worker-saturation": 1.0,
+                        "distributed.scheduler.work-stealing": False,
+                        "distributed.worker.profile.enabled": False}
+
+
+def parse_cluster(text: str) -> Cluster:
+    """``--cluster tcp://HOST:PORT`` (a running Dask scheduler) or ``local:N`` (a LocalCluster of N
+    single-threaded worker processes started for the sweep)."""
+    text = text.strip()
+    m = re.fullmatch(r"local:([0-9]+)", text)
+    if m:
+        if int(m[1]) < 1:
+            raise ScenarioError(f"--cluster local:N: N must be an integer >= 1, got {m[1]!r}")
+        return Cluster(local=int(m[1]))
+    m = _TCP.fullmatch(text)
+    if m and 1 <= int(m["port"]) <= 65535:
+        return Cluster(address=text)
+    raise ScenarioError(f"--cluster: expected tcp://HOST:PORT or local:N, got {text!r}")
+
+
+def import_distributed() -> Any:
+    """The ``distributed`` package, or a one-line ScenarioError naming the extra to install."""
+    try:
+        import distributed
+    except ImportError:
+        raise ScenarioError(CLUSTER_EXTRA) from None
+    return distributed
+
+
+def run_on_cluster(jobs: list[Job], cluster: Cluster) -> Iterator[dict[str, Any]]:
+    """Results of ``sweep_worker.cluster_job`` on a Dask cluster, as they finish. Every job is submitted at
+    once, with its rank as the task priority (Dask runs the highest first: longest first); a task is a
+    function named by reference and a job of plain data, its result a dict of JSON values. ``local:N``
+    starts a LocalCluster (N worker processes of one thread, numba pinned to one thread in their
+    environment) and stops it at the end; a tcp:// cluster is only connected to."""
+    distributed = import_distributed()
+    import logging
+
+    local = None
+    try:
+        if cluster.local:  # its workers' failures come back as failed runs: their logs are not shown
+            import dask
+
+            with dask.config.set(LOCAL_CLUSTER_CONFIG):  # read by the scheduler and passed to the workers
+                local = distributed.LocalCluster(n_workers=min(cluster.local, len(jobs)), threads_per_worker=1,
+                                                 processes=True, dashboard_address=None,
+                                                 silence_logs=logging.CRITICAL, memory_limit=0,
+                                                 env=dict(sweep_worker.THREAD_ENV))
+            client = distributed.Client(local)
+        else:
+            client = distributed.Client(cluster.address, timeout="20s")
+    except Exception as exc:  # noqa: BLE001 - no scheduler there, or the local workers did not start
+        if local is not None:
+            local.close()
+        what = "cannot connect" if cluster.address else "the local cluster did not start"
+        raise ScenarioError(f"--cluster {cluster}: {what}: {type(exc).__name__}: {exc}") from None
+    parent = os.getpid() if local is not None else None
+    token = f"{os.getpid()}-{time.time_ns()}"
+    futures = {}
+    try:
+        if local is not None:
+            client.run(sweep_worker.local_cluster_init, parent)
+        for rank, job in enumerate(jobs):
+            fut = client.submit(sweep_worker.cluster_job, job, parent, priority=len(jobs) - rank, pure=False,
+                                key=f"ldpsim-sweep-{token}-{job['index']}-{job['repetition']}")
+            futures[fut] = job
+        for fut in distributed.as_completed(list(futures)):
+            try:
+                yield fut.result()
+            except Exception as exc:  # noqa: BLE001 - the worker died (the cluster gave up on the task)
+                yield _failure(futures[fut], exc)
+            fut.release()
+    except BaseException:
+        client.cancel(list(futures))
+        raise
+    finally:
+        client.close()
+        if local is not None:
+            local.close()
 
 
 def _json_default(o: Any) -> Any:
@@ -394,7 +541,7 @@ def _prepare(sweep: Sweep, out: Path, force: bool) -> None:
         elif runs.exists():
             raise ScenarioError(f"--out {out}: holds runs.jsonl but no sweep.json; pass --force to start over")
     else:
-        for name in ("runs.jsonl", "failed.jsonl", "results.csv", "sweep.json"):
+        for name in ("runs.jsonl", "failed.jsonl", "results.csv", "results.parquet", "sweep.json"):
             (out / name).unlink(missing_ok=True)
         for png in out.glob("error_*.png"):
             png.unlink()
@@ -433,8 +580,12 @@ def load_records(sweep: Sweep, out: Path) -> dict[tuple[int, int], dict[str, Any
     return records
 
 
-def execute(sweep: Sweep, out: Path, force: bool = False, quiet: bool = False) -> Outcome:
-    """Run the missing runs of ``sweep`` into ``out``, then rebuild results.csv and the plots."""
+def execute(sweep: Sweep, out: Path, force: bool = False, quiet: bool = False,
+            cluster: Cluster | None = None) -> Outcome:
+    """Run the missing runs of ``sweep`` into ``out`` (longest first; on ``cluster`` if given, else in
+    ``sweep.workers`` local processes), then rebuild results.csv, results.parquet and the plots."""
+    if cluster is not None:
+        import_distributed()  # a missing extra fails before anything is written
     _prepare(sweep, out, force)
     points = sweep.points
     done = load_records(sweep, out)
@@ -442,12 +593,18 @@ def execute(sweep: Sweep, out: Path, force: bool = False, quiet: bool = False) -
     failed_path = out / "failed.jsonl"
     failed_path.unlink(missing_ok=True)
     workers = max(1, min(sweep.workers, len(todo)))
+    where = f"Dask cluster {cluster}" if cluster is not None else f"{workers} worker(s)"
     print(f"ldpsim: sweep {sweep.name}: {len(points)} grid points x {sweep.repeat} repetitions = "
-          f"{len(points) * sweep.repeat} runs ({len(done)} already done), {workers} worker(s) -> {out}",
+          f"{len(points) * sweep.repeat} runs ({len(done)} already done), {where} -> {out}",
           file=sys.stderr)
 
-    point_data = [sweep.point_data(p) for p in points]
-    jobs = [(i, r, sweep.seeds[r], {**point_data[i], "seed": sweep.seeds[r]}) for i, r in todo]
+    jobs = build_jobs(sweep, todo)
+    if not jobs:
+        results: Iterator[dict[str, Any]] = iter(())
+    elif cluster is not None:
+        results = run_on_cluster(jobs, cluster)
+    else:
+        results = run_jobs(jobs, workers)
     from tqdm import tqdm
 
     bar = tqdm(total=len(jobs), unit="run", desc="sweep", file=sys.stderr, dynamic_ncols=True, disable=quiet)
@@ -455,7 +612,7 @@ def execute(sweep: Sweep, out: Path, force: bool = False, quiet: bool = False) -
     failed_file = None
     try:
         with open(out / "runs.jsonl", "a", encoding="utf-8") as runs:
-            for res in run_jobs(jobs, workers):
+            for res in results:
                 i, rep = res["index"], res["repetition"]
                 head = {"point": dict(zip(sweep.keys, points[i])), "repetition": rep, "seed": res["seed"]}
                 if "summary" in res:
@@ -532,6 +689,60 @@ def write_results(path: Path, header: list[str], rows: list[dict[str, Any]]) -> 
     os.replace(tmp, path)
 
 
+def _grid_column(values: list[Any], labels: list[str], grid_values: list[Any]) -> Any:
+    """A varied key's column in results.parquet, typed by all of the key's values: booleans, integers,
+    numbers (float64) or strings as they are; tables, arrays and mixed kinds as their results.csv labels."""
+    import pyarrow as pa
+
+    if all(isinstance(v, bool) for v in grid_values):
+        return pa.array(values, pa.bool_())
+    if not any(isinstance(v, bool) for v in grid_values):
+        if all(isinstance(v, int) for v in grid_values):
+            return pa.array(values, pa.int64())
+        if all(isinstance(v, (int, float)) for v in grid_values):
+            return pa.array([float(v) for v in values], pa.float64())
+    if all(isinstance(v, str) for v in grid_values):
+        return pa.array(values, pa.string())
+    return pa.array(labels, pa.string())
+
+
+def write_parquet(path: Path, sweep: Sweep, header: list[str], rows: list[dict[str, Any]],
+                  points: list[dict[str, Any]]) -> None:
+    """results.parquet: the columns and rows of results.csv (``points``: each row's grid values), typed:
+    varied keys as ``_grid_column``; repetition, seed, devices int64; protocol string; every figure float64
+    (int64 for a figure that is a count; null where missing). The schema metadata ``ldpsim.sweep`` holds
+    JSON: name, grid, repeat, seeds. Written to a temporary name in DIR and moved into place
+    (``tables.atomic_path``): a reader sees the whole file or none."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from scenarios.tables import COMPRESSION, atomic_path
+
+    columns = []
+    for c in header:
+        if c in sweep.grid:
+            columns.append(_grid_column([p[c] for p in points], [row[c] for row in rows], sweep.grid[c]))
+        elif c in ("repetition", "seed", "devices"):
+            columns.append(pa.array([row[c] for row in rows], pa.int64()))
+        elif c == "protocol":
+            columns.append(pa.array([None if row[c] is None else str(row[c]) for row in rows], pa.string()))
+        else:
+            values = [row[c] for row in rows]
+            given = [v for v in values if v is not None]
+            if all(isinstance(v, int) and not isinstance(v, bool) for v in given) and given:
+                columns.append(pa.array(values, pa.int64()))  # a count (e.g. rounds without an estimate)
+            elif all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in given):
+                columns.append(pa.array([None if v is None else float(v) for v in values], pa.float64()))
+            else:  # not a number after all: the text results.csv holds
+                columns.append(pa.array([None if v is None else _cell(v) for v in values], pa.string()))
+    meta = {"name": sweep.name, "grid": sweep.grid, "repeat": sweep.repeat, "seeds": sweep.seeds}
+    schema = pa.schema([pa.field(c, col.type) for c, col in zip(header, columns)],
+                       metadata={b"ldpsim.sweep": _dumps(meta).encode()})
+    table = pa.Table.from_arrays(columns, schema=schema)
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp, compression=COMPRESSION)
+
+
 def log_axis(values: Iterable[Any]) -> bool:
     """Whether an x axis should be logarithmic: all values positive numbers spanning more than a factor 20."""
     vs = list(values)
@@ -598,10 +809,11 @@ def plot_figures(sweep: Sweep, header: list[str], rows: list[dict[str, Any]], ou
 
 
 def rebuild(sweep: Sweep, out: Path) -> list[Path]:
-    """results.csv and the plots from runs.jsonl; stale error_*.png files are removed."""
+    """results.csv, results.parquet and the plots from runs.jsonl; stale error_*.png files are removed."""
     records = load_records(sweep, out)
     header, rows = tidy(sweep, records)
     write_results(out / "results.csv", header, rows)
+    write_parquet(out / "results.parquet", sweep, header, rows, [records[key]["point"] for key in sorted(records)])
     plots = plot_figures(sweep, header, rows, out) if rows else []
     for png in out.glob("error_*.png"):
         if png not in plots:

@@ -1,12 +1,16 @@
 """``ldpsim sweep``: the grid and its derived seeds, the tidy table, worker-count independence, resuming an
 interrupted sweep, refusing a different sweep, up-front validation, [sweep] tables, table-valued grid values,
-failed runs and plots. Tiny runs (300 devices, 2 rounds) keep the whole file fast."""
+failed runs and plots; longest-first scheduling, pinned workers, results.parquet and Dask clusters (a real
+LocalCluster resuming a sweep, a stand-in for what is submitted). Tiny runs (300 devices, 2 rounds) keep the
+whole file fast."""
 
 from __future__ import annotations
 
 import csv
 import json
+import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -356,3 +360,228 @@ def test_table_valued_grid_values_get_short_labels(tmp_path):
         ['{"dist":"normal","mean":1}', '{"dist":"normal","mean":2}']
     assert sweep.value_labels([{"dist": "constant", "value": 1}, {"low": 0}, 0.5, "x"]) == \
         ["constant", '{"low":0}', "0.5", "x"]
+
+
+# ------------------------------------------------------------------ scheduling, results.parquet, clusters
+@pytest.fixture
+def no_plots(monkeypatch):
+    """Skip the PNGs (tested above) where a test only looks at which runs ran, and where."""
+    monkeypatch.setattr(sweep, "plot_figures", lambda *a, **kw: [])
+
+
+def digests_by_run(out: Path) -> dict[tuple[str, int], str]:
+    return {(json.dumps(r["point"], sort_keys=True), r["repetition"]): json.dumps(r["summary"]["digests"],
+                                                                                 sort_keys=True)
+            for r in runs_of(out)}
+
+
+def test_runs_go_longest_first(tmp_path, monkeypatch, no_plots):
+    order: list[tuple[int, int]] = []
+    real = runner.run
+    monkeypatch.setattr(runner, "run", lambda sc, *a, **kw: (order.append((sc.devices, sc.rounds)),
+                                                             real(sc, *a, **kw))[1])
+    grid = ["--grid", "population.devices=200,800,400", "--grid", "rounds=1,3"]
+    assert sweep_cli(tmp_path / "o", "--workers", "1", grid=grid, repeat="1") == 0
+    assert sorted(order) == sorted((d, r) for d in (200, 800, 400) for r in (1, 3))
+    assert [d * r for d, r in order] == [2400, 1200, 800, 600, 400, 200]
+    # equal costs keep grid order (ties are stable); the pool gets the same order as the in-process loop
+    jobs = [{"index": i, "scenario": {"rounds": r, "population": {"devices": d}}}
+            for i, (d, r) in enumerate([(10, 2), (5, 4), (40, 1), (20, 1)])]
+    monkeypatch.setattr(sweep, "job_cost", lambda data: data["rounds"] * data["population"]["devices"])
+    assert [j["index"] for j in sweep.longest_first(jobs)] == [2, 0, 1, 3]
+
+
+def test_a_local_pool_gets_its_jobs_longest_first(tmp_path, monkeypatch, no_plots):
+    seen: list[tuple[list[int], int]] = []
+
+    def fake_pool(jobs, workers):
+        seen.append(([j["scenario"]["population"]["devices"] for j in jobs], workers))
+        return iter([sweep.sweep_worker.run_job(j) for j in jobs])
+
+    monkeypatch.setattr(sweep, "run_jobs", fake_pool)
+    assert sweep_cli(tmp_path / "p", "--workers", "2", grid=["--grid", "population.devices=100,300,200"],
+                     repeat="2") == 0
+    assert seen == [([300, 300, 200, 200, 100, 100], 2)]
+
+
+class FakeDask:
+    """Just enough of ``distributed`` to see what a sweep submits: functions, arguments, priorities."""
+
+    def __init__(self):
+        self.submitted: list[tuple] = []
+        self.clients: list[str] = []
+        self.closed = 0
+
+    def module(self):
+        fake = self
+
+        class Client:
+            def __init__(self, where, **kw):
+                fake.clients.append(where if isinstance(where, str) else f"local:{where.n}")
+
+            def submit(self, fn, *args, priority=0, pure=True, key=None):
+                fake.submitted.append((fn, args, priority, pure, key))
+                return Future(fn(*args))
+
+            def cancel(self, futures):
+                pass
+
+            def run(self, fn, *args):
+                assert fn is sweep.sweep_worker.local_cluster_init and args == (os.getpid(),)
+
+            def close(self):
+                fake.closed += 1
+
+        class LocalCluster:
+            def __init__(self, n_workers, threads_per_worker, processes, env, **kw):
+                assert threads_per_worker == 1 and processes and env["NUMBA_NUM_THREADS"] == "1"
+                self.n = n_workers
+
+            def close(self):
+                fake.closed += 1
+
+        class Future:
+            def __init__(self, value):
+                self.value = value
+
+            def result(self):
+                return self.value
+
+            def release(self):
+                pass
+
+        import types
+
+        return types.SimpleNamespace(Client=Client, LocalCluster=LocalCluster, as_completed=iter)
+
+
+def test_a_cluster_gets_plain_data_longest_first(tmp_path, monkeypatch, no_plots):
+    fake = FakeDask()
+    monkeypatch.setitem(sys.modules, "distributed", fake.module())
+    monkeypatch.setattr(sweep.sweep_worker, "pin_threads", lambda: None)  # do not pin this test process
+    monkeypatch.setattr(sweep.sweep_worker, "exit_with_parent", lambda parent: None)
+    grid = ["--grid", "population.devices=100,300,200"]
+    assert sweep_cli(tmp_path / "c", "--cluster", "local:3", grid=grid, repeat="1") == 0
+    assert fake.clients == ["local:3"] and fake.closed == 2
+    assert [s[0] for s in fake.submitted] == [sweep.sweep_worker.cluster_job] * 3
+    assert [s[1][0]["scenario"]["population"]["devices"] for s in fake.submitted] == [300, 200, 100]
+    assert [s[2] for s in fake.submitted] == [3, 2, 1]  # Dask runs the highest priority first
+    assert len({s[4] for s in fake.submitted}) == 3 and not any(s[3] for s in fake.submitted)
+    for _, args, *_ in fake.submitted:  # only plain data crosses: the job survives a JSON round trip
+        assert json.loads(json.dumps(args)) == list(args)
+    assert len(runs_of(tmp_path / "c")) == 3
+
+    fake.submitted.clear()
+    assert sweep_cli(tmp_path / "d", "--cluster", "tcp://sched.example:8786", grid=grid, repeat="1") == 0
+    assert fake.clients[-1] == "tcp://sched.example:8786"
+    assert all(s[1][1] is None for s in fake.submitted)  # workers it did not start do not watch this process
+
+
+@pytest.mark.parametrize("value", ["foo", "local:0", "local:x", "local:", "tcp://host", "tcp://host:0",
+                                   "tcp://host:99999", "http://host:8786", "tcp://:8786"])
+def test_bad_cluster_values_are_one_line_errors(tmp_path, capsys, value):
+    assert sweep_cli(tmp_path / "x", "--cluster", value) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("ldpsim: error: --cluster"), err
+    if value == "foo":
+        assert err[0] == "ldpsim: error: --cluster: expected tcp://HOST:PORT or local:N, got 'foo'"
+    assert not (tmp_path / "x").exists()
+
+
+def test_cluster_and_workers_together_are_refused(tmp_path, capsys):
+    assert sweep_cli(tmp_path / "x", "--cluster", "local:2", "--workers", "2") == 2
+    assert "--workers: not used with --cluster" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_missing_dask_extra_is_a_one_line_error(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "distributed", None)  # `import distributed` fails
+    calls = count_runs(monkeypatch)
+    assert sweep_cli(tmp_path / "x", "--cluster", "local:2") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["ldpsim: error: --cluster needs the dask extra: pip install 'ldpsim[dask]'"]
+    assert calls == [] and not (tmp_path / "x").exists()
+    with pytest.raises(ScenarioError, match=r"needs the dask extra"):
+        sweep.execute(sweep.plan("quickstart", ["protocol.epsilon=1,2"], repeat=1), tmp_path / "y",
+                      cluster=sweep.parse_cluster("local:1"))
+    assert not (tmp_path / "y").exists()
+
+
+def test_results_parquet_holds_the_csv_rows_typed(two_workers):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    header, rows = read_csv(two_workers / "results.csv")
+    table = pq.read_table(two_workers / "results.parquet")
+    assert table.column_names == header == COLUMNS and table.num_rows == len(rows) == 12
+    types = dict(zip(table.column_names, table.schema.types))
+    assert types["protocol.epsilon"] == pa.float64() and types["protocol.name"] == pa.string()
+    assert types["repetition"] == types["seed"] == types["devices"] == pa.int64()
+    counts = {"error_rounds_without_estimate"}
+    assert all(types[c] == (pa.int64() if c in counts else pa.float64())
+               for c in header if c.startswith(("error_", "epsilon_", "wall")))
+    for got, want in zip(table.to_pylist(), rows):
+        for c in header:
+            assert (sweep._cell(got[c]) if c != "protocol.epsilon" else float(want[c])) == \
+                (want[c] if c != "protocol.epsilon" else got[c]), c
+    meta = json.loads(table.schema.metadata[b"ldpsim.sweep"])
+    assert meta["grid"] == {"protocol.epsilon": [0.5, 1, 2], "protocol.name": ["1bitmean", "1bitrrpm"]}
+    assert not [p.name for p in two_workers.iterdir() if "tmp" in p.name]  # written then renamed
+
+
+def test_a_run_in_a_pool_or_cluster_worker_keeps_its_cohorts_there(monkeypatch):
+    """A worker is one core: a run left on auto `[simulation] workers` gets 1 there (no shard processes
+    per run); in-process (--workers 1) it keeps auto; an explicit value is kept everywhere."""
+    seen: list[int] = []
+
+    def record(sc, *a, **kw):
+        seen.append(sc.simulation.workers)
+        raise RuntimeError("recorded")
+
+    monkeypatch.setattr(runner, "run", record)
+    monkeypatch.setattr(sweep.sweep_worker, "pin_threads", lambda: None)  # do not pin this test process
+    monkeypatch.setattr(sweep.sweep_worker, "warm", lambda scenarios: None)
+    auto = sweep.build_jobs(sweep.plan("quickstart", ["protocol.epsilon=1"], repeat=1))[0]
+    three = sweep.build_jobs(sweep.plan("quickstart", ["protocol.epsilon=1"], repeat=1,
+                                        overrides=["simulation.workers=3"]))[0]
+    for job in (auto, three):
+        for run in (sweep.sweep_worker.run_job, sweep.sweep_worker.pool_job, sweep.sweep_worker.cluster_job):
+            assert "recorded" in run(job)["error"]
+    assert seen == [0, 1, 1, 3, 3, 3]
+
+
+def test_pinning_a_worker_thread_to_one_numba_thread(monkeypatch):
+    import threading
+
+    import numba
+
+    for key in sweep.sweep_worker.THREAD_ENV:
+        monkeypatch.setenv(key, "7")  # restored after the test
+    seen: list[int] = []
+    t = threading.Thread(target=lambda: (sweep.sweep_worker.pin_threads(), seen.append(numba.get_num_threads())))
+    t.start()
+    t.join()
+    assert seen == [1]  # numba keeps the count per thread: this test's own thread is untouched
+    assert all(os.environ[k] == "1" for k in sweep.sweep_worker.THREAD_ENV)
+    with sweep._environ({"LDPSIM_SWEEP_TEST": "x"}):
+        assert os.environ["LDPSIM_SWEEP_TEST"] == "x"
+    assert "LDPSIM_SWEEP_TEST" not in os.environ
+
+
+def test_a_cluster_resumes_a_sweep_with_the_same_digests(tmp_path, one_worker, two_workers, no_plots):
+    """--cluster local:2 (a real Dask LocalCluster) finishes a sweep begun locally: only the missing runs
+    (every 1bitrrpm run: one protocol, so each worker warms one) run, and every run's digests equal those
+    of the in-process and the two-process sweeps."""
+    out = tmp_path / "cluster"
+    shutil.copytree(one_worker, out)
+    lines = (out / "runs.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
+    kept = [line for line in lines if json.loads(line)["point"]["protocol.name"] == "1bitmean"]
+    (out / "runs.jsonl").write_text("".join(kept), encoding="utf-8")
+    assert len(kept) == 6
+    assert sweep_cli(out, "--cluster", "local:2") == 0
+    after = (out / "runs.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
+    assert len(after) == 12 and after[:6] == kept
+    assert digests_by_run(out) == digests_by_run(one_worker) == digests_by_run(two_workers)
+    assert len(digests_by_run(out)) == 12
+    _, rows = read_csv(out / "results.csv")
+    assert without_wall(rows) == without_wall(read_csv(one_worker / "results.csv")[1])
