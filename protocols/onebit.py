@@ -72,10 +72,11 @@ def mean_variance(x: np.ndarray, epsilon: float, m: float, gamma: float = 0.0) -
     x = np.asarray(x, dtype=np.float64)
     n = x.size
     e = math.exp(epsilon)
-    # q_i = A + B x_i is affine, so sum q(1 - q) = n A(1 - A) + B(1 - 2A) sum x - B^2 sum x^2 (two passes).
+    # q_i = A + B x_i is affine, so sum q(1 - q) = n A(1 - A) + B(1 - 2A) sum x - B^2 sum x^2 (two passes;
+    # not np.dot: OpenBLAS threads started by it keep spinning on the other cores afterwards).
     a = gamma + (1.0 - 2.0 * gamma) / (e + 1.0)
     b = (1.0 - 2.0 * gamma) * (e - 1.0) / (e + 1.0) / m
-    sum_q = n * a * (1 - a) + b * (1 - 2 * a) * float(x.sum()) - b * b * float(np.dot(x, x))
+    sum_q = n * a * (1 - a) + b * (1 - 2 * a) * float(x.sum()) - b * b * float((x * x).sum())
     c = m * (e + 1.0) / (e - 1.0) / (1.0 - 2.0 * gamma)
     return c * c * max(sum_q, 0.0) / n**2
 

@@ -351,7 +351,7 @@ class ThreshParams:
         e = math.exp(self.estimate_noise)
         v = np.asarray(values, dtype=np.float64)
         c0, c1 = 1 / (e + 1), (e - 1) / (e + 1)  # q = c0 + c1 p, so mean q(1 - q) needs mean p and mean p^2
-        m1, m2 = float(v.mean()), float(np.dot(v, v)) / v.size
+        m1, m2 = float(v.mean()), float((v * v).sum()) / v.size  # not np.dot: BLAS threads spin after it
         mean_q1q = c0 * (1 - c0) + c1 * (1 - 2 * c0) * m1 - c1 * c1 * m2
         return (e + 1) / (e - 1) * math.sqrt(max(mean_q1q, 0.0) / reports)
 
