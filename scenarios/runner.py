@@ -92,14 +92,21 @@ def cohort_slices(n: int, size: int) -> list[tuple[int, int]]:
 
 
 def run(scenario: Scenario, events: TextIO | None = None,
-        progress: Callable[[int, int], None] | None = None) -> RunResult:
-    """Run ``scenario``; JSON-lines events go to ``events``; ``progress(done, total)`` after each round."""
+        progress: Callable[[int, int], None] | None = None,
+        engine: Callable[[dict, list[tuple[int, int]]], Any] | None = None) -> RunResult:
+    """Run ``scenario``; JSON-lines events go to ``events``; ``progress(done, total)`` after each round.
+    ``engine(scenario data, cohort slices)``: the pool of device shards of another engine (a ShardPool with
+    ``workers``, ``stats()`` and ``close()``, e.g. scenarios/ray_engine.py) instead of ``[simulation] workers``."""
     t0 = time.perf_counter()
     sc = scenario
     slices = cohort_slices(sc.devices, sc.simulation.cohort_size)
-    workers = resolve_workers(sc.simulation.workers, sc.devices, sc.rounds, len(slices))
-    # the cohorts' work in shard processes (scenarios/parallel.py), started first: they load while this builds
-    pool = ProcessShards(sc.as_run, split_cohorts(slices, workers)) if workers > 1 else None
+    if engine is not None:
+        pool: Any = engine(sc.as_run, slices)
+        workers = pool.workers
+    else:
+        workers = resolve_workers(sc.simulation.workers, sc.devices, sc.rounds, len(slices))
+        # the cohorts' work in shard processes (scenarios/parallel.py), started first: they load while this builds
+        pool = ProcessShards(sc.as_run, split_cohorts(slices, workers)) if workers > 1 else None
     try:
         return _run(sc, t0, slices, workers, pool, events, progress)
     finally:
@@ -107,7 +114,7 @@ def run(scenario: Scenario, events: TextIO | None = None,
             pool.close()
 
 
-def _run(sc: Scenario, t0: float, slices: list[tuple[int, int]], workers: int, pool: ProcessShards | None,
+def _run(sc: Scenario, t0: float, slices: list[tuple[int, int]], workers: int, pool: Any,
          events: TextIO | None, progress: Callable[[int, int], None] | None) -> RunResult:
     env = simpy.Environment()
     log = _event_logger(events, env).bind(run=sc.name, seed=sc.seed)
