@@ -663,14 +663,16 @@ def tidy(sweep: Sweep, records: dict[tuple[int, int], dict[str, Any]]) -> tuple[
         s = rec["summary"]
         err_names += [k for k, v in s.get("error", {}).items() if _number(v) and k not in err_names]
         eps_names += [k for k in s.get("epsilon", {}) if k not in eps_names]
-    header = [*sweep.keys, *FIXED_COLUMNS, *(f"error_{k}" for k in err_names),
+    # a fixed column that a grid key already names (e.g. the whole [protocol] table varied) becomes run_<name>
+    fixed = {c: f"run_{c}" if c in sweep.grid else c for c in FIXED_COLUMNS}
+    header = [*sweep.keys, *fixed.values(), *(f"error_{k}" for k in err_names),
               *(f"epsilon_{k}" for k in eps_names), "wall_seconds"]
     rows = []
     for rec in ordered:
         s = rec["summary"]
         row: dict[str, Any] = {k: labels[k][_canon(rec["point"][k])] for k in sweep.keys}
-        row.update(repetition=rec["repetition"], seed=rec["seed"], devices=s.get("devices"),
-                   protocol=s.get("protocol"))
+        row.update({fixed["repetition"]: rec["repetition"], fixed["seed"]: rec["seed"],
+                    fixed["devices"]: s.get("devices"), fixed["protocol"]: s.get("protocol")})
         err, eps = s.get("error", {}), s.get("epsilon", {})
         row.update({f"error_{k}": err.get(k) if _number(err.get(k)) else None for k in err_names})
         row.update({f"epsilon_{k}": eps.get(k) for k in eps_names})

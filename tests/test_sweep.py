@@ -585,3 +585,21 @@ def test_a_cluster_resumes_a_sweep_with_the_same_digests(tmp_path, one_worker, t
     assert len(digests_by_run(out)) == 12
     _, rows = read_csv(out / "results.csv")
     assert without_wall(rows) == without_wall(read_csv(one_worker / "results.csv")[1])
+
+
+def test_a_grid_over_the_whole_protocol_table_keeps_the_protocol_column_apart(tmp_path):
+    """A grid key named like a fixed results column (here the whole [protocol] table, as the Ding studies vary
+    it) keeps its values under its own name; the fixed column becomes run_protocol."""
+    path = tmp_path / "grid.toml"
+    path.write_text((schema.SHIPPED / "quickstart.toml").read_text(encoding="utf-8") + """
+[sweep]
+repeat = 1
+[sweep.grid]
+protocol = [{ name = "1bitmean", epsilon = 1.0, max_value = 3600 }, { name = "laplace", epsilon = 1.0, max_value = 3600 }]
+""", encoding="utf-8")
+    assert main(["sweep", str(path), "--workers", "1", "--set", "population.devices=400", "--set", "rounds=2",
+                 "--out", str(tmp_path / "out"), "--quiet"]) == 0
+    with open(tmp_path / "out" / "results.csv", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["run_protocol"] for r in rows] == ["1bitmean", "laplace"]
+    assert rows[0]["protocol"] != rows[1]["protocol"]
