@@ -10,8 +10,11 @@ Protocols (a parameter class, a device side and a collector side each):
 - ``dbitflip``: dBitFlip, dBitFlipPM and BinFlip, histograms over buckets;
 - ``multicounter``: 1BitMulti, several counters in one report;
 - ``baselines``: kflip and laplace, fresh single-round baselines;
+- ``binflipplus``: BinFlip+, Bassily and Smith's one-bit protocol on BinFlip (a baseline of Ding et al. 2017);
 - ``thresh``: THRESH voting and global updates (Joseph, Roth, Ullman, Waggoner 2018);
 - ``epochrr``: naive per-epoch randomized response, THRESH's baseline;
+- ``heavythresh``: HeavyTHRESH, THRESH's frequency oracle over D items (Joseph et al. 2018, section 5);
+- ``epochkrr``: naive per-epoch k-ary randomized response, HeavyTHRESH's baseline;
 - ``topl``: ToPL threshold optimizer and Hybrid Mechanism (Wang et al. 2021);
 - ``tops_protocol``: ToPS, the central-DP baseline, as a protocol (``tops``: its algorithm).
 
@@ -37,8 +40,8 @@ Shared pieces:
 """
 
 __all__ = [
-    "auth", "base", "baselines", "collecting", "config", "dbitflip", "device", "epochrr", "epochs", "framing", "guard",
-    "keyed", "ledger", "likelihood", "memo", "messages", "multicounter", "numeric", "onebit", "reference",
-    "registry", "round_mechanism", "snapshot", "staged", "thresh", "topl", "tops", "tops_protocol", "transcript", "wire",
-    "worst_case",
+    "auth", "base", "baselines", "binflipplus", "collecting", "config", "dbitflip", "device", "epochkrr", "epochrr",
+    "epochs", "framing", "guard", "heavythresh", "keyed", "ledger", "likelihood", "memo", "messages",
+    "multicounter", "numeric", "onebit", "reference", "registry", "round_mechanism", "snapshot", "staged", "thresh",
+    "topl", "tops", "tops_protocol", "transcript", "wire", "worst_case",
 ]

@@ -12,7 +12,7 @@ protocols.keyed), and every draw uses the key and sub-index the device side uses
 A device model:
 
     dev = reference_device(params, seed, device_id, limits)
-    dev.observe(day, value, present)          # epoch protocols (thresh, epochrr): every day, in order
+    dev.observe(day, value, present)          # epoch protocols (thresh, epochrr, heavythresh, epochkrr): every day
     report, charges = dev.on_message(msg, day, value, present, now)
 
 ``msg`` is a :class:`~protocols.messages.CollectionRequest`, :class:`~protocols.messages.Decision` or
@@ -553,6 +553,147 @@ class ThreshReference(EpochReference):
         return Report("estimate", t, {"est": bit}), charges
 
 
+# ------------------------------------------------------------------------------------ HeavyTHRESH, epochkrr
+HEAVY_VOTE_RESERVE = "heavythresh_vote_reserve"
+HEAVY_ESTIMATE = "heavythresh_estimate"
+HEAVY_DUMMY = "heavythresh_dummy"
+
+
+class ItemDays:
+    """A device's days over epochs of l days, counted per item of a dictionary of k equal-width items of
+    [0, m] (x is item min(floor(x (k/m)), k - 1)). After an epoch's last day, ``counts`` are that epoch's
+    item counts if the device was there every day of it (``valid``)."""
+
+    def __init__(self, l: int, k: int, m: float) -> None:
+        self.l, self.k, self.m = l, k, m
+        self.day = 0
+        self.running = [0] * k
+        self.days_seen = 0
+        self.counts = [0] * k
+        self.valid = False
+        self.complete_epoch = 0
+
+    def observe(self, day: int, value: float, present: bool) -> None:
+        if day != self.day + 1:
+            raise ValueError(f"days are observed in order: expected {self.day + 1}, got {day}")
+        self.day = day
+        if present:
+            self.days_seen += 1
+            self.running[min(int(clip(float(value), 0.0, self.m) * (self.k / self.m)), self.k - 1)] += 1
+        if day % self.l == 0:
+            self.valid = self.days_seen == self.l
+            if self.valid:
+                self.counts = list(self.running)
+            self.running = [0] * self.k
+            self.days_seen = 0
+            self.complete_epoch = day // self.l
+
+    def report(self, stream: int, device: int, eps: float) -> int:
+        """An item drawn from the epoch's counts (the item of day floor(u0 l), counting the days item by item),
+        then k-ary randomized response at eps: kept with e^eps/(e^eps + k - 1) (u1), else the (floor(u2 (k - 1)))-th
+        of the other items in order."""
+        day = min(int(uniform2(stream, device, 0) * self.l), self.l - 1)
+        item, seen = 0, self.counts[0]
+        while seen <= day:
+            item += 1
+            seen += self.counts[item]
+        e = math.exp(eps)
+        if uniform2(stream, device, 1) < e / (e + self.k - 1):
+            return item
+        other = min(int(uniform2(stream, device, 2) * (self.k - 1)), self.k - 2)
+        return other + 1 if other >= item else other
+
+    def uniform_item(self, stream: int, device: int) -> int:
+        """The data-free report: a uniform item (u3)."""
+        return min(int(uniform2(stream, device, 3) * self.k), self.k - 1)
+
+
+class HeavyThreshReference(ThreshReference):
+    """HeavyTHRESH (Joseph et al. 2018, section 5, as designed in protocols/heavythresh.py; docs/heavythresh.md),
+    one device: THRESH's messages, caps, vote rule and vote reserve (:class:`ThreshReference`) over its epoch
+    item counts. The vote compares d = max_v |c_t(v) - c_f(v)|/l (c_f: the counts at the last update it took
+    part in; none before: d = +inf, a forced yes) with tau_j = 2 (j + 1) sqrt(ln(12 D n T/delta)/(2 l)) x
+    tau_scale. A vote depends on the data only with a reference (d then takes every value m/l). The estimate on
+    an update with the cap open is D-ary randomized response at b of an item drawn from the epoch's counts,
+    charged b; every other estimate a uniform item."""
+
+    def __init__(self, params: Any, seed: int, device_id: int, limits: Any = None) -> None:
+        super().__init__(params, seed, device_id, limits)
+        p = params
+        self.items = ItemDays(int(p.epoch_length), int(p.buckets), float(p.max_value))
+        unit = math.sqrt(math.log(12 * p.buckets * p.devices * p.epochs / p.delta) / (2 * p.epoch_length))
+        self.tau = {j: 2 * (j + 1) * unit * p.tau_scale for j in range(-1, self.levels + 1)}
+        self.ref_counts: list[int] | None = None
+
+    def observe(self, day: int, value: float, present: bool = True) -> None:
+        self.items.observe(day, value, present)
+        self.valid, self.complete_epoch = self.items.valid, self.items.complete_epoch
+
+    def depends_on_data(self, t: int) -> bool:
+        if self.ref_counts is None:
+            return False
+        return len({self.votes_yes(m / self.l, t) for m in range(self.l + 1)}) == 2
+
+    def vote(self, t: int) -> tuple[Report, list[Charge]]:
+        a = self.a
+        open_ = self.cap_open(self.yes_votes, a)
+        c, r = self.items.counts, self.ref_counts
+        diff = math.inf if r is None else max(abs(x - y) for x, y in zip(c, r)) / self.l
+        yes = open_ and self.votes_yes(diff, t)
+        charges = []
+        if open_ and not self.reserved and self.depends_on_data(t):
+            reserve = 2 * a * (self.k_vote - self.yes_votes)
+            if self.affordable(reserve):
+                charges.append(self.charge(t, HEAVY_VOTE_RESERVE, reserve))
+                self.reserved = True
+            else:
+                yes = False
+        if yes:
+            self.yes_votes += 1
+        e = math.exp(a)
+        q = e / (e + 1) if yes else 1 / (e + 1)
+        bit = int(uniform1(key(self.seed, Purpose.VOTE, t), self.id) < q)
+        return Report("vote", t, {"vote": bit}), charges
+
+    def estimate(self, t: int, update: bool) -> tuple[Report, list[Charge]]:
+        b = self.b
+        truthful = update and self.cap_open(self.estimates, b) and self.affordable(b)
+        charges = []
+        if truthful:
+            self.estimates += 1
+            charges.append(self.charge(t, HEAVY_ESTIMATE, b))
+        elif not update:
+            charges.append(Charge(t, HEAVY_DUMMY, 0.0, False))
+        if update and self.took_part:
+            self.ref_counts = list(self.items.counts)
+        stream = key(self.seed, Purpose.ESTIMATE, t)
+        y = self.items.report(stream, self.id, b) if truthful else self.items.uniform_item(stream, self.id)
+        return Report("estimate", t, {"y": y}), charges
+
+
+class EpochKRRReference(ReferenceDevice):
+    """Per-epoch D-ary randomized response at eps/T of an item drawn from the epoch's counts (HeavyTHRESH's
+    naive baseline), charged eps/T."""
+
+    def __init__(self, params: Any, seed: int, device_id: int, limits: Any = None) -> None:
+        super().__init__(params, seed, device_id, limits)
+        self.items = ItemDays(int(params.epoch_length), int(params.buckets), float(params.max_value))
+
+    def observe(self, day: int, value: float, present: bool = True) -> None:
+        self.items.observe(day, value, present)
+
+    def on_message(self, msg, day, value=None, present=True, now=0.0):
+        p = self.params
+        if not self.admit(msg, self.items.complete_epoch) or not present or not self.items.valid:
+            return None, []
+        t = msg.round
+        eps_t = p.epsilon / p.epochs
+        y = self.items.report(key(self.seed, Purpose.REPORT, t), self.id, eps_t)
+        if not self.affordable(eps_t):
+            return None, []
+        return Report("report", t, {"y": y}), [self.charge(t, FRESH_REPORT, eps_t)]
+
+
 # ------------------------------------------------------------------------------------ ToPL, ToPS
 def square_wave(v: float, eps: float, u1: float, u2: float) -> float:
     """Square Wave (Li et al. SIGMOD 2020) of v in [0, 1]: b = (eps e^eps - e^eps + 1)/(2 e^eps (e^eps - 1 - eps)),
@@ -694,6 +835,7 @@ MODELS: dict[str, type[ReferenceDevice]] = {
     "dbitflip": DBitFlipReference, "dbitflippm": DBitFlipReference, "binflip": DBitFlipReference,
     "kflip": KFlipReference, "laplace": LaplaceReference, "1bitmulti": MultiReference,
     "epochrr": EpochRRReference, "thresh": ThreshReference, "topl": ToplReference, "tops": TopsReference,
+    "heavythresh": HeavyThreshReference, "epochkrr": EpochKRRReference,
 }
 
 

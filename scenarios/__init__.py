@@ -5,7 +5,8 @@ Importing the package imports none of its modules; import the one you need
 (``from scenarios import output, runner, schema``).
 
 - ``schema``: scenario files (TOML), ``--set`` overrides and strict validation;
-- ``runner``: a run in simulated time (SimPy); ``parallel``: its cohorts in worker processes; ``live``,
+- ``runner``: a run in simulated time (SimPy); ``parallel``, ``ray_engine``: its cohorts in worker processes or
+  Ray actors; ``live``,
   ``journal``: live runs over TCP and their crash-safe journals;
 - ``output``, ``tables``, ``plots``, ``metrics``, ``accounting``: the run directory: summary, tables,
   pictures, error metrics, (eps, delta) accounting;
@@ -19,5 +20,5 @@ Importing the package imports none of its modules; import the one you need
 
 __all__ = [
     "accounting", "attacks", "audit", "cli", "compare", "conformance", "journal", "live", "metrics", "output", "parallel",
-    "plots", "privacy_audit", "runner", "schema", "sweep", "sweep_worker", "tables",
+    "plots", "privacy_audit", "ray_engine", "runner", "schema", "sweep", "sweep_worker", "tables",
 ]

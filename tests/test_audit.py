@@ -28,6 +28,7 @@ SMALL = {
     "topl_pos": ["population.devices=400", "rounds=30"],
     "tops_pos": ["population.devices=400", "rounds=8"],
     "weekday_usage": ["population.devices=400", "rounds=10"],
+    "heavythresh_shift": ["population.devices=400", "rounds=56"],
 }
 HOSTILE = ("beyond_horizon", "replay", "far_future", "bad_threshold")
 
