@@ -728,9 +728,8 @@ def draw(report: AttackReport, path: Path) -> None:
 
     from scenarios import plots
 
-    plt = plots.plt
     s = report.summary
-    fig, axes = plt.subplots(2, 3, figsize=(15, 8.5))
+    fig, axes = plots.subplots(2, 3, figsize=(15, 8.5))
     (rm, au, ch), (wd, sp, al) = axes
     av = report.plot.get("averaging")
     if av is not None:

@@ -1,6 +1,12 @@
 """The run directory: summary.json, estimates.csv, ledger.csv, spend.csv, spend_over_time.csv, scenario.json,
 events.jsonl (written during the run) and the plots. summary.json is written last: its presence marks a
-complete run directory."""
+complete run directory.
+
+The large tables (spend.parquet, ledger.parquet, transcript.parquet) are written in a background thread while
+the calling thread draws the plots, computes the attack metrics and the summary: pyarrow encodes and compresses
+without holding the GIL (the writer takes it a few times per million rows); matplotlib and the digests hold it.
+With a core free the tables cost next to nothing. matplotlib (scenarios/plots.py) is imported only when the
+first plot is drawn (``ldpsim run`` imports it in another thread while a large run simulates)."""
 
 from __future__ import annotations
 
@@ -8,12 +14,14 @@ import dataclasses
 import hashlib
 import json
 import textwrap
+import threading
+import time
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from scenarios import attacks, plots
+from scenarios import attacks
 from scenarios.metrics import error_summary, range_mse, range_queries, round_metrics
 from scenarios.runner import RunResult, bucket_width
 from scenarios import tables
@@ -57,6 +65,21 @@ def write_ledger_csv(path: Path, chunks: Iterable[dict]) -> int:
                 f.write(tail.join(map(str, devices[lo:lo + CSV_CHUNK].tolist())) + tail)
             rows += devices.size
     return rows
+
+
+def _timed(seconds: dict[str, float], name: str, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``, its wall time recorded as ``seconds[name]`` (summary.json ``write_seconds``)."""
+    t = time.perf_counter()
+    try:
+        return fn(*args)
+    finally:
+        seconds[name] = round(time.perf_counter() - t, 4)
+
+
+def _plots() -> Any:
+    from scenarios import plots  # matplotlib: imported by the first plot, not by ``import scenarios.output``
+
+    return plots
 
 
 def _sha256_bytes(*arrays: np.ndarray) -> str:
@@ -141,8 +164,8 @@ def draw_spend(result: RunResult, path: Path) -> None:
         how = method if exact or method.startswith("upper bound") else f"upper bound: {method}"
         note = textwrap.fill(f"Not on this plot (a different kind of number): the worst-case loss of a device's whole "
                              f"transcript against any other device's is {shown} ({how}).", 160)
-    plots.spend_plot(path, result.ledger.history, result.ledger.spend, f"per-device spend: {sc.protocol.name}",
-                     label, (g.value, f"guarantee {g.value:.3g}" + (" (within pattern)" if note else "")), note)
+    _plots().spend_plot(path, result.ledger.history, result.ledger.spend, f"per-device spend: {sc.protocol.name}",
+                        label, (g.value, f"guarantee {g.value:.3g}" + (" (within pattern)" if note else "")), note)
 
 
 def _finite(x: float) -> float | None:
@@ -222,64 +245,67 @@ def summary(result: RunResult) -> dict:
     }
 
 
-def _write_estimates(result: RunResult, out: Path) -> None:
+def _write_estimates(result: RunResult, out: Path, seconds: dict[str, float] | None = None) -> None:
+    """estimates.csv and estimates.png; their seconds into ``seconds``."""
     sc, recs = result.scenario, result.rounds
+    seconds = {} if seconds is None else seconds
+
+    def table(header: Sequence[str], columns: Sequence[np.ndarray | Sequence]) -> None:
+        _timed(seconds, "estimates.csv", write_csv, out / "estimates.csv", header, columns)
+
+    def draw(plot: str, *args: Any) -> None:
+        _timed(seconds, "estimates.png", lambda: getattr(_plots(), plot)(out / "estimates.png", *args))
+
     rounds = np.array([r.round for r in recs])
     reports = np.array([r.reports for r in recs])
     clipped = np.array([r.clipped for r in recs])
     if sc.protocol.kind == "epoch":
         truth, est, sd = (_stack([getattr(r, f) for r in recs], None) for f in ("truth", "estimate", "sd_theory"))
         update = np.array([bool(r.info.get("global_update")) for r in recs])
-        write_csv(out / "estimates.csv", ["epoch", "truth", "estimate", "error", "global_update", "vote_mean", "votes",
-                                          "reports", "theory_sd"],
-                  [rounds, truth, est, est - truth, update.astype(int), [r.info.get("vote_mean") for r in recs],
-                   [r.info.get("votes", 0) for r in recs], reports, sd])
+        table(["epoch", "truth", "estimate", "error", "global_update", "vote_mean", "votes", "reports", "theory_sd"],
+              [rounds, truth, est, est - truth, update.astype(int), [r.info.get("vote_mean") for r in recs],
+               [r.info.get("votes", 0) for r in recs], reports, sd])
         title = (f"{sc.name}: {sc.protocol.name}, ε = {sc.protocol.epsilon:g}, n = {sc.devices:,}, "
                  f"{sc.protocol.epochs} epochs of {sc.protocol.epoch_length} rounds")
-        plots.epochs_plot(out / "estimates.png", rounds, truth, est, update, title,
-                          [(c.round - 1) // sc.protocol.epoch_length + 1 for c in sc.changes])
+        draw("epochs_plot", rounds, truth, est, update, title,
+             [(c.round - 1) // sc.protocol.epoch_length + 1 for c in sc.changes])
         return
     if sc.protocol.kind == "stream":
         truth, est = (_stack([getattr(r, f) for r in recs], None) for f in ("truth", "estimate"))
-        write_csv(out / "estimates.csv", ["round", "truth", "estimate", "error", "theta", "holdout_reports",
-                                          "reports"],
-                  [rounds, truth, est, est - truth, [r.info.get("theta") for r in recs],
-                   [r.info.get("holdout_reports", 0) for r in recs], reports])
+        table(["round", "truth", "estimate", "error", "theta", "holdout_reports", "reports"],
+              [rounds, truth, est, est - truth, [r.info.get("theta") for r in recs],
+               [r.info.get("holdout_reports", 0) for r in recs], reports])
         title = (f"{sc.name}: {sc.protocol.name} ({sc.protocol.method}), ε = {sc.protocol.epsilon:g}, "
                  f"n = {sc.devices:,}")
-        plots.estimates_plot(out / "estimates.png", rounds, truth, est, np.zeros_like(truth), title,
-                             [c.round for c in sc.changes])
+        draw("estimates_plot", rounds, truth, est, np.zeros_like(truth), title, [c.round for c in sc.changes])
         return
     if sc.protocol.kind == "mean":
         truth, est, sd = (_stack([getattr(r, f) for r in recs], None) for f in ("truth", "estimate", "sd_theory"))
-        write_csv(out / "estimates.csv", ["round", "truth", "estimate", "error", "theory_sd", "reports", "clipped"],
-                  [rounds, truth, est, est - truth, sd, reports, clipped])
+        table(["round", "truth", "estimate", "error", "theory_sd", "reports", "clipped"],
+              [rounds, truth, est, est - truth, sd, reports, clipped])
         title = f"{sc.name}: {sc.protocol.name}, ε = {sc.protocol.epsilon:g}, n = {sc.devices:,}"
-        plots.estimates_plot(out / "estimates.png", rounds, truth, est, sd, title, [c.round for c in sc.changes])
+        draw("estimates_plot", rounds, truth, est, sd, title, [c.round for c in sc.changes])
         return
     k = width_of(sc.protocol)
     truth, est, sd = (_stack([getattr(r, f) for r in recs], k) for f in ("truth", "estimate", "sd_theory"))
     if sc.protocol.kind == "counters":
-        write_csv(out / "estimates.csv",
-                  ["round", "counter", "truth", "estimate", "error", "theory_sd", "reports", "clipped"],
-                  [np.repeat(rounds, k), np.tile(np.arange(k), len(recs)), truth.ravel(), est.ravel(),
-                   (est - truth).ravel(), sd.ravel(), np.repeat(reports, k), np.repeat(clipped, k)])
-        plots.counters_plot(out / "estimates.png", rounds, truth, est, sd,
-                            f"{sc.name}: {sc.protocol.name}, c = {k}, ε = {sc.protocol.epsilon:g} per counter "
-                            f"(joint {sc.protocol.round_epsilon:.3g}), n = {sc.devices:,}",
-                            [c.round for c in sc.changes])
+        table(["round", "counter", "truth", "estimate", "error", "theory_sd", "reports", "clipped"],
+              [np.repeat(rounds, k), np.tile(np.arange(k), len(recs)), truth.ravel(), est.ravel(),
+               (est - truth).ravel(), sd.ravel(), np.repeat(reports, k), np.repeat(clipped, k)])
+        draw("counters_plot", rounds, truth, est, sd,
+             f"{sc.name}: {sc.protocol.name}, c = {k}, ε = {sc.protocol.epsilon:g} per counter "
+             f"(joint {sc.protocol.round_epsilon:.3g}), n = {sc.devices:,}",
+             [c.round for c in sc.changes])
         return
     width = bucket_width(sc.protocol)
     bucket = np.tile(np.arange(k), len(recs))
-    write_csv(out / "estimates.csv",
-              ["round", "bucket", "low", "high", "truth", "estimate", "error", "theory_sd", "reports", "clipped"],
-              [np.repeat(rounds, k), bucket, bucket * width, (bucket + 1) * width, truth.ravel(), est.ravel(),
-               (est - truth).ravel(), sd.ravel(), np.repeat(reports, k), np.repeat(clipped, k)])
+    table(["round", "bucket", "low", "high", "truth", "estimate", "error", "theory_sd", "reports", "clipped"],
+          [np.repeat(rounds, k), bucket, bucket * width, (bucket + 1) * width, truth.ravel(), est.ravel(),
+           (est - truth).ravel(), sd.ravel(), np.repeat(reports, k), np.repeat(clipped, k)])
     per_round = [round_metrics("histogram", t, e, width) for t, e in zip(truth, est)]
     title = (f"{sc.name}: {sc.protocol.name}, k = {k}, d = {getattr(sc.protocol, 'bits', 1)}, "
              f"ε = {sc.protocol.epsilon:g}, n = {sc.devices:,}")
-    plots.histogram_plot(out / "estimates.png", rounds, per_round, truth, est, sd, width, title,
-                         [c.round for c in sc.changes])
+    draw("histogram_plot", rounds, per_round, truth, est, sd, width, title, [c.round for c in sc.changes])
 
 
 TRANSCRIPT_AUTO_LIMIT = 50_000_000  # --transcript auto: transcript.parquet when devices x rounds is at most this
@@ -301,12 +327,15 @@ def _ledger_here(result: RunResult) -> bool:
     return result.extra.get("ledger", "this run") == "this run"
 
 
-def write_tables(result: RunResult, out: Path, ledger_rows: bool = True, transcript: str = "auto") -> dict:
+def write_tables(result: RunResult, out: Path, ledger_rows: bool = True, transcript: str = "auto",
+                 seconds: dict[str, float] | None = None) -> dict:
     """spend.parquet (+ spend.csv), ledger.parquet (+ ledger.csv) and transcript.parquet, each atomically; returns
-    summary.json's ``files``: for each, written (with rows and bytes) or why not."""
+    summary.json's ``files``: for each, written (with rows and bytes) or why not. The seconds each file took go
+    into ``seconds``."""
     if transcript not in TRANSCRIPT_POLICIES:
         raise ValueError(f"transcript must be one of {TRANSCRIPT_POLICIES}, got {transcript!r}")
     sc, led, files = result.scenario, result.ledger, {}
+    seconds = {} if seconds is None else seconds
     small = sc.devices <= CSV_DEVICE_LIMIT
     if not _ledger_here(result):  # `ldpsim serve`: the device processes keep the ledger, this run has none
         for name in (tables.SPEND, "spend.csv", "spend_over_time.csv", tables.LEDGER, "ledger.csv"):
@@ -319,20 +348,22 @@ def write_tables(result: RunResult, out: Path, ledger_rows: bool = True, transcr
         # the per-report guarantee of every report a device sends (at least the protocol's; larger where a
         # non-cumulative per-report charge recorded more)
         round_eps = np.maximum(led.round_epsilon, float(sc.protocol.round_epsilon))
-        tables.write_spend(out / tables.SPEND, group_index, names, led.spend, round_eps)
+        _timed(seconds, tables.SPEND, tables.write_spend, out / tables.SPEND, group_index, names, led.spend,
+               round_eps)
         files[tables.SPEND] = {"written": True, "rows": int(sc.devices),
                                "bytes": (out / tables.SPEND).stat().st_size}
         if small:
-            write_csv(out / "spend.csv", ["device", "group", "spend", "round_epsilon"],
-                      [ids, np.array(names)[group_index], led.spend, round_eps])
+            _timed(seconds, "spend.csv", write_csv, out / "spend.csv", ["device", "group", "spend", "round_epsilon"],
+                   [ids, np.array(names)[group_index], led.spend, round_eps])
             files["spend.csv"] = {"written": True, "rows": int(sc.devices)}
         else:
             files["spend.csv"] = _skipped(out, "spend.csv", csv_why)
     if ledger_rows:
-        n = tables.write_ledger(out / tables.LEDGER, led.rows())
+        n = _timed(seconds, tables.LEDGER, tables.write_ledger, out / tables.LEDGER, led.rows())
         files[tables.LEDGER] = {"written": True, "rows": n, "bytes": (out / tables.LEDGER).stat().st_size}
-        files["ledger.csv"] = ({"written": True, "rows": write_ledger_csv(out / "ledger.csv", led.rows())} if small
-                               else _skipped(out, "ledger.csv", csv_why))
+        files["ledger.csv"] = ({"written": True,
+                                "rows": _timed(seconds, "ledger.csv", write_ledger_csv, out / "ledger.csv", led.rows())}
+                               if small else _skipped(out, "ledger.csv", csv_why))
     elif _ledger_here(result):
         for name in (tables.LEDGER, "ledger.csv"):
             files[name] = _skipped(out, name, "--no-ledger-rows")
@@ -345,8 +376,8 @@ def write_tables(result: RunResult, out: Path, ledger_rows: bool = True, transcr
                f"devices x rounds = {size:,} > {TRANSCRIPT_AUTO_LIMIT:,} (--transcript auto; use always)")
         files[tables.TRANSCRIPT] = _skipped(out, tables.TRANSCRIPT, why)
     else:
-        files[tables.TRANSCRIPT] = {"written": True,
-                                    **tables.write_transcript(out / tables.TRANSCRIPT, collector, sc.protocol.name)}
+        files[tables.TRANSCRIPT] = {"written": True, **_timed(seconds, tables.TRANSCRIPT, tables.write_transcript,
+                                                              out / tables.TRANSCRIPT, collector, sc.protocol.name)}
     return files
 
 
@@ -361,35 +392,82 @@ def _write_eps_delta(result: RunResult, out: Path) -> dict:
     return {accounting.CSV: {"written": True, "rows": rows}}
 
 
+class _Background:
+    """``fn()`` in a thread of its own; :meth:`result` waits for it and returns its value or raises its error."""
+
+    def __init__(self, fn: Callable[[], Any], name: str) -> None:
+        self._fn, self._value, self._error = fn, None, None
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._value = self._fn()
+        except BaseException as exc:  # handed to the caller by result()
+            self._error = exc
+
+    def wait(self) -> None:
+        self._thread.join()
+
+    def result(self) -> Any:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
 def write_run_dir(result: RunResult, out: Path, ledger_rows: bool = True, transcript: str = "auto") -> dict:
     """Write every file of the run directory except events.jsonl (streamed during the run). ``ledger_rows``:
     write the ledger tables; ``transcript``: "always", "auto" (when devices x rounds <= TRANSCRIPT_AUTO_LIMIT)
-    or "never" writes transcript.parquet. Every file is written under a temporary name and moved into place."""
+    or "never" writes transcript.parquet. Every file is written under a temporary name and moved into place;
+    summary.json last. The tables are written in a background thread while this one draws the plots and makes the
+    summary (module docstring); summary.json's ``write_seconds`` holds the seconds of the whole directory
+    (``total``, up to summary.json), of each file (``files``: a file's own wall time, which overlaps the other
+    thread's files) and of the summary and the attack metrics (``computed``)."""
+    start = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     sc = result.scenario
-    _write_estimates(result, out)
     led = result.ledger
-    files = write_tables(result, out, ledger_rows, transcript)
-    hist = led.history
-    keys = ["round", "min", "mean", "p50", "p90", "p99", "max"]
-    if _ledger_here(result):
-        write_csv(out / "spend_over_time.csv", keys, [np.array([h[k] for h in hist]) for k in keys])
-        files["spend_over_time.csv"] = {"written": True, "rows": len(hist)}
-        with atomic_path(out / "spend.png") as tmp:
-            draw_spend(result, tmp)
-    else:
-        (out / "spend.png").unlink(missing_ok=True)
-    _write_text(out / "scenario.json", json.dumps(sc.as_run, indent=2) + "\n")
-    write_downlink(result, out)
-    files.update(_write_eps_delta(result, out))
-    report = attacks.analyze(result)  # [analysis] attacks: attacks.csv, attacks.png, summary.json "attacks"
-    if report.rows:
-        files.update(attacks.write(report, out))
-    else:
-        why = report.summary.get("averaging", {}).get("why") or report.summary["why"]
-        files.update({name: _skipped(out, name, why) for name in (attacks.CSV, attacks.PNG)})
-    s = summary(result)
+    table_seconds: dict[str, float] = {}
+    seconds: dict[str, float] = {}
+    computed: dict[str, float] = {}  # seconds of what is computed rather than written
+
+    background = _Background(lambda: write_tables(result, out, ledger_rows, transcript, table_seconds),
+                             "ldpsim-run-dir-tables")
+    try:
+        _write_estimates(result, out, seconds)
+        files: dict[str, dict] = {}
+        hist = led.history
+        keys = ["round", "min", "mean", "p50", "p90", "p99", "max"]
+        if _ledger_here(result):
+            _timed(seconds, "spend_over_time.csv", write_csv, out / "spend_over_time.csv", keys,
+                   [np.array([h[k] for h in hist]) for k in keys])
+            files["spend_over_time.csv"] = {"written": True, "rows": len(hist)}
+            with atomic_path(out / "spend.png") as tmp:
+                _timed(seconds, "spend.png", draw_spend, result, tmp)
+        else:
+            (out / "spend.png").unlink(missing_ok=True)
+        _timed(seconds, "scenario.json", _write_text, out / "scenario.json", json.dumps(sc.as_run, indent=2) + "\n")
+        _timed(seconds, "downlink.jsonl", write_downlink, result, out)
+        # [analysis] attacks: attacks.csv, attacks.png, summary.json "attacks" (in this thread: a thread of their
+        # own made them slower still, their numpy work holding the GIL much of the time)
+        report = _timed(computed, "attacks", attacks.analyze, result)
+        if report.rows:
+            attack_files = _timed(seconds, f"{attacks.CSV} + {attacks.PNG}", attacks.write, report, out)
+        else:
+            why = report.summary.get("averaging", {}).get("why") or report.summary["why"]
+            attack_files = {name: _skipped(out, name, why) for name in (attacks.CSV, attacks.PNG)}
+        s = _timed(computed, "summary", summary, result)
+        eps_delta = _timed(seconds, accounting.CSV, _write_eps_delta, result, out)
+    except BaseException:
+        background.wait()  # no table is left half-written behind the error
+        raise
+    table_files = background.result()
+    if not eps_delta[accounting.CSV]["written"]:
+        del seconds[accounting.CSV]
     s["attacks"] = report.summary
-    s["files"] = files
+    s["files"] = {**table_files, **files, **eps_delta, **attack_files}
+    s["write_seconds"] = {"total": round(time.perf_counter() - start, 4), "files": {**table_seconds, **seconds},
+                          "computed": computed}
     _write_text(out / "summary.json", json.dumps(s, indent=2) + "\n")
     return s

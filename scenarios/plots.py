@@ -1,18 +1,41 @@
-"""Run-directory pictures: estimate against truth per round, and per-device spend over time."""
+"""Run-directory pictures: estimate against truth per round, and per-device spend over time.
+
+Figures are plain ``matplotlib.figure.Figure`` objects drawn by the Agg canvas (the same bytes as pyplot's
+Agg figures): drawing a run directory never imports pyplot nor touches its global figure registry (the run
+directory's tables are written by another thread meanwhile, scenarios/output.py). ``plots.plt`` (pyplot, Agg
+backend) is still there for code that wants it, imported on first use.
+"""
 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
 import numpy as np  # noqa: E402
 
 
-def save(fig: plt.Figure, path: Path, dpi: int = 110) -> None:
+def subplots(*args: Any, figsize: tuple[float, float], **kwargs: Any) -> tuple[Figure, Any]:
+    """``plt.subplots(*args, figsize=..., **kwargs)`` without pyplot: a Figure (not registered with pyplot's
+    figure manager, so nothing to close) and its axes."""
+    fig = Figure(figsize=figsize)
+    return fig, fig.subplots(*args, **kwargs)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "plt":  # pyplot on demand (Agg: matplotlib.use above)
+        import matplotlib.pyplot as plt
+
+        return plt
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def save(fig: Figure, path: Path, dpi: int = 110) -> None:
     """Write a figure under a temporary name beside ``path`` and move it into place: a reader never sees a
     half-written picture."""
     path = Path(path)
@@ -22,12 +45,19 @@ def save(fig: plt.Figure, path: Path, dpi: int = 110) -> None:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
-        plt.close(fig)
+        _close(fig)
+
+
+def _close(fig: Figure) -> None:
+    """Forget a pyplot figure (one made by plt.subplots elsewhere); Figures made here need nothing."""
+    pyplot = sys.modules.get("matplotlib.pyplot")
+    if pyplot is not None:
+        pyplot.close(fig)
 
 
 def estimates_plot(path: Path, rounds: np.ndarray, truth: np.ndarray, estimate: np.ndarray, sd: np.ndarray,
                    title: str, change_rounds: list[int]) -> None:
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6), sharex=True, height_ratios=(3, 1.3))
+    fig, (top, bottom) = subplots(2, 1, figsize=(9, 6), sharex=True, height_ratios=(3, 1.3))
     top.fill_between(rounds, truth - 1.96 * sd, truth + 1.96 * sd, color="tab:blue", alpha=0.15,
                      label="truth ± 1.96 sd (theory)")
     top.plot(rounds, truth, color="tab:blue", lw=2, label="truth (population mean)")
@@ -45,7 +75,6 @@ def estimates_plot(path: Path, rounds: np.ndarray, truth: np.ndarray, estimate: 
     bottom.set_xlabel("round")
     fig.tight_layout()
     save(fig, path)
-    plt.close(fig)
 
 
 def spend_plot(path: Path, history: list[dict[str, float]], final: np.ndarray, title: str,
@@ -55,7 +84,7 @@ def spend_plot(path: Path, history: list[dict[str, float]], final: np.ndarray, t
     pattern spend for memoized protocols); ``guarantee`` (value, label) is drawn as a line; ``note`` is
     printed under the plot (e.g. the worst-case loss, a different kind of number, stated apart)."""
     lines = note.count("\n") + 1 if note else 0
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2 + 0.25 * lines), width_ratios=(1.6, 1))
+    fig, (left, right) = subplots(1, 2, figsize=(11, 4.2 + 0.25 * lines), width_ratios=(1.6, 1))
     r = np.array([h["round"] for h in history])
     if r.size:
         get = lambda k: np.array([h[k] for h in history])  # noqa: E731
@@ -82,13 +111,12 @@ def spend_plot(path: Path, history: list[dict[str, float]], final: np.ndarray, t
         fig.text(0.01, 0.01, note, fontsize=8, color="dimgray")
     fig.tight_layout(rect=(0, 0.06 * lines, 1, 1))
     save(fig, path)
-    plt.close(fig)
 
 
 def histogram_plot(path: Path, rounds: np.ndarray, per_round: list[dict[str, float]], truth: np.ndarray,
                    est: np.ndarray, sd: np.ndarray, width: float, title: str, change_rounds: list[int]) -> None:
     """Per-round max bucket error and Wasserstein distance; the last round's histogram against the truth."""
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 7), height_ratios=(1, 1.3))
+    fig, (top, bottom) = subplots(2, 1, figsize=(9, 7), height_ratios=(1, 1.3))
     top.plot(rounds, [m["max_abs"] for m in per_round], "o-", color="tab:red", ms=3, label="max bucket error")
     top.set_ylabel("max |ĥ(v) − h(v)|", color="tab:red")
     twin = top.twinx()
@@ -112,13 +140,12 @@ def histogram_plot(path: Path, rounds: np.ndarray, per_round: list[dict[str, flo
     bottom.legend(fontsize=8)
     fig.tight_layout()
     save(fig, path)
-    plt.close(fig)
 
 
 def counters_plot(path: Path, rounds: np.ndarray, truth: np.ndarray, est: np.ndarray, sd: np.ndarray,
                   title: str, change_rounds: list[int]) -> None:
     """One panel: each counter's truth (line, with the ±1.96 sd band) and estimate (dots)."""
-    fig, ax = plt.subplots(figsize=(9, 5))
+    fig, ax = subplots(figsize=(9, 5))
     for j in range(truth.shape[1]):
         color = f"C{j % 10}"
         ax.fill_between(rounds, truth[:, j] - 1.96 * sd[:, j], truth[:, j] + 1.96 * sd[:, j], color=color,
@@ -133,13 +160,12 @@ def counters_plot(path: Path, rounds: np.ndarray, truth: np.ndarray, est: np.nda
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     save(fig, path)
-    plt.close(fig)
 
 
 def epochs_plot(path: Path, epochs: np.ndarray, truth: np.ndarray, est: np.ndarray, update: np.ndarray,
                 title: str, change_epochs: list[int]) -> None:
     """THRESH: the published estimate against the truth per epoch, global updates marked."""
-    fig, ax = plt.subplots(figsize=(10, 4.5))
+    fig, ax = subplots(figsize=(10, 4.5))
     ax.plot(epochs, truth, color="tab:blue", lw=2, label="truth p^t (mean of the group probabilities)")
     ax.step(epochs, est, where="post", color="tab:orange", lw=1.3, label="published estimate")
     if update.any():
@@ -152,4 +178,3 @@ def epochs_plot(path: Path, epochs: np.ndarray, truth: np.ndarray, est: np.ndarr
     ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
     save(fig, path)
-    plt.close(fig)

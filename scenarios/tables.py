@@ -25,7 +25,6 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from protocols import transcript as canonical
@@ -54,13 +53,31 @@ def atomic_path(path: Path | str) -> Iterator[Path]:
             tmp.unlink()
 
 
+def _numeric(values: np.ndarray) -> pa.Array:
+    """A 1-d numpy array of numbers as an Arrow array over the same memory. ``pa.array`` would do the same but
+    first imports pandas (when installed) to look for pandas objects: 0.3 s and more of a run's writing."""
+    a = np.ascontiguousarray(values)
+    if a.ndim != 1 or a.dtype.kind not in "iuf" or not a.dtype.isnative:
+        return pa.array(a)
+    return pa.Array.from_buffers(pa.from_numpy_dtype(a.dtype), a.size, [None, pa.py_buffer(a)])
+
+
+def _strings(values: Sequence[str]) -> pa.Array:
+    """A short list of strings (a dictionary) as an Arrow string array, without ``pa.array`` (see _numeric)."""
+    encoded = [str(v).encode("utf-8") for v in values]
+    offsets = np.zeros(len(encoded) + 1, np.int32)
+    np.cumsum([len(b) for b in encoded], out=offsets[1:])
+    return pa.Array.from_buffers(pa.string(), len(encoded), [None, pa.py_buffer(offsets),
+                                                             pa.py_buffer(b"".join(encoded))])
+
+
 def _arrow_type(dtype: str, width: int) -> pa.DataType:
     t = pa.from_numpy_dtype(np.dtype(dtype))
     return t if width == 1 else pa.list_(t, width)
 
 
 def _stage_dictionary(names: Sequence[str], index: int, n: int) -> pa.DictionaryArray:
-    return pa.DictionaryArray.from_arrays(pa.array(np.full(n, index, np.int8)), pa.array(list(names), pa.string()))
+    return pa.DictionaryArray.from_arrays(_numeric(np.full(n, index, np.int8)), _strings(names))
 
 
 # ----------------------------------------------------------------------------------------------- transcript
@@ -110,7 +127,7 @@ def _stage_bits(meta: dict) -> list[set[str]]:
 
 
 def _column_array(values: np.ndarray, dtype: str, width: int) -> pa.Array:
-    flat = pa.array(np.ascontiguousarray(values).reshape(-1))
+    flat = _numeric(np.ascontiguousarray(values).reshape(-1))
     return flat if width == 1 else pa.FixedSizeListArray.from_arrays(flat, width)
 
 
@@ -137,8 +154,8 @@ def write_transcript(path: Path | str, collector: Any, protocol: str) -> dict:
                     k, payload, at = idx.size, block[idx, 1:], 0
                     data: dict[str, pa.Array] = {
                         "stage": _stage_dictionary(names, index, k),
-                        "round": pa.array(np.full(k, rnd, np.int64)),
-                        "device": pa.array(idx.astype(np.int64) + lo)}
+                        "round": _numeric(np.full(k, rnd, np.int64)),
+                        "device": _numeric(idx.astype(np.int64) + lo)}
                     for c, dtype, width in cols:
                         size = np.dtype(dtype).itemsize * width
                         vals = np.ascontiguousarray(payload[:, at:at + size]).view(np.dtype(dtype).newbyteorder("<"))
@@ -185,6 +202,8 @@ def transcript_digest_of_table(table: pa.Table) -> str:
     """The canonical transcript digest (protocols/transcript.py) from transcript.parquet alone: for each
     stage of the metadata, in order, its rounds in increasing order, each round's rows in device order.
     Equals summary.json's ``digests.transcript``."""
+    import pyarrow.compute as pc  # only the readers use it (~0.1 s to import)
+
     meta = transcript_meta(table)
     n = int(meta["devices"])
     hasher = canonical.TranscriptHasher(n)
@@ -232,6 +251,8 @@ def device_rows(table: pa.Table, devices: int | Iterable[int]) -> pa.Table:
     """The rows of one device, or of a sample of devices (one pass over the table, whatever the sample
     size), in table order. For a large file, read only the sample: ``read_transcript(run, filters=[("device",
     "in", sample)])`` (or read_ledger) does the same while reading."""
+    import pyarrow.compute as pc
+
     ids = [int(devices)] if np.isscalar(devices) else [int(d) for d in devices]
     return table.filter(pc.is_in(table["device"], value_set=pa.array(ids, pa.int64())))
 
@@ -248,20 +269,43 @@ def write_ledger(path: Path | str, chunks: Iterable[dict]) -> int:
     returns the row count."""
     reasons: list[str] = []
 
+    def merged(group: list[tuple[np.ndarray, dict]], known: int) -> pa.RecordBatch:
+        """The chunks of ``group`` as one batch, its reason dictionary the first ``known`` reasons."""
+        k = np.array([devices.size for devices, _ in group])
+
+        def column(key: str, dtype: Any) -> pa.Array:
+            return _numeric(np.repeat(np.array([ch[key] for _, ch in group], dtype), k))
+
+        reason = np.repeat(np.array([reasons.index(ch["reason"]) for _, ch in group], np.int32), k)
+        return pa.RecordBatch.from_arrays(
+            [_numeric(np.concatenate([devices for devices, _ in group])), column("round", np.int64),
+             column("time", np.float64), pa.DictionaryArray.from_arrays(_numeric(reason), _strings(reasons[:known])),
+             column("amount", np.float64)], schema=LEDGER_SCHEMA)
+
     def batches() -> Iterator[pa.RecordBatch]:
+        # A batch per run of chunks up to where _write_batches writes a row group (ROW_GROUP rows or more) and
+        # where the reasons seen so far grow (the batches' dictionaries are those of one batch per chunk, so the
+        # file is byte for byte the same): a few numpy calls per million rows rather than a few per chunk, and
+        # a background writer rarely waits for the GIL.
+        group: list[tuple[np.ndarray, dict]] = []
+        rows = known = 0
         for ch in chunks:
             devices = np.asarray(ch["devices"], dtype=np.int64)
-            k = devices.size
-            if not k:
+            if not devices.size:
                 continue
             if ch["reason"] not in reasons:
+                if group:
+                    yield merged(group, known)
+                    group = []
                 reasons.append(ch["reason"])
-            reason = pa.DictionaryArray.from_arrays(pa.array(np.full(k, reasons.index(ch["reason"]), np.int32)),
-                                                    pa.array(reasons, pa.string()))
-            yield pa.RecordBatch.from_arrays(
-                [pa.array(devices), pa.array(np.full(k, ch["round"], np.int64)),
-                 pa.array(np.full(k, ch["time"], np.float64)), reason,
-                 pa.array(np.full(k, ch["amount"], np.float64))], schema=LEDGER_SCHEMA)
+                known = len(reasons)
+            group.append((devices, ch))
+            rows += devices.size
+            if rows >= ROW_GROUP:
+                yield merged(group, known)
+                group, rows = [], 0
+        if group:
+            yield merged(group, known)
 
     return _write_batches(path, LEDGER_SCHEMA, batches(), ["round", "time", "reason", "amount"])
 
@@ -270,11 +314,11 @@ def write_spend(path: Path | str, group_index: np.ndarray, group_names: Sequence
                 round_epsilon: np.ndarray) -> None:
     """spend.parquet: device, group, spend (cumulative epsilon), round_epsilon."""
     n = spend.size
-    group = pa.DictionaryArray.from_arrays(pa.array(np.asarray(group_index, np.int32)),
-                                           pa.array(list(group_names), pa.string()))
-    table = pa.table({"device": pa.array(np.arange(n, dtype=np.int64)), "group": group,
-                      "spend": pa.array(np.asarray(spend, np.float64)),
-                      "round_epsilon": pa.array(np.asarray(round_epsilon, np.float64))})
+    group = pa.DictionaryArray.from_arrays(_numeric(np.asarray(group_index, np.int32)), _strings(group_names))
+    table = pa.Table.from_arrays([_numeric(np.arange(n, dtype=np.int64)), group,
+                                  _numeric(np.asarray(spend, np.float64)),
+                                  _numeric(np.asarray(round_epsilon, np.float64))],
+                                 names=["device", "group", "spend", "round_epsilon"])
     with atomic_path(path) as tmp:
         pq.write_table(table, tmp, compression=COMPRESSION, row_group_size=ROW_GROUP,
                        use_dictionary=["group", "spend", "round_epsilon"],

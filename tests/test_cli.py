@@ -306,3 +306,20 @@ def test_forced_run_that_fails_leaves_no_summary(tmp_path, capsys, monkeypatch):
     assert main(["run", "quickstart", "--out", str(out), "--quiet", "--force", *SMALL]) == 130
     capsys.readouterr()
     assert not (out / "summary.json").exists()
+
+
+def test_run_process_output_and_imports(tmp_path):
+    """The ``ldpsim run`` process (which ends with os._exit after the atexit handlers: scenarios/cli.py
+    _exit_now) prints its whole report and summary, and never imports pandas or pyplot."""
+    out = tmp_path / "run"
+    cmd = [*_cli(), "run", "quickstart", "--out", str(out), "--quiet", "--json", "--set", "population.devices=500",
+           "--set", "rounds=3"]
+    p = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPROFILEIMPORTTIME": "1"})
+    assert p.returncode == 0, p.stderr[-2000:]
+    report, _, printed = p.stdout.partition("\n")
+    assert report.startswith("mean |error|")
+    assert json.loads(printed) == summary_of(out)
+    imported = {line.rsplit("|", 1)[-1].strip() for line in p.stderr.splitlines() if line.startswith("import time:")}
+    assert "numba" in imported and "matplotlib" in imported  # the switch worked
+    assert not imported & {"pandas", "matplotlib.pyplot", "pyarrow.compute"}, imported & {"pandas", "matplotlib.pyplot"}
