@@ -151,6 +151,8 @@ class ThreshParams:
         return 2
 
     #: an example [protocol] table per name this class runs (ldpsim privacy-audit NAME, the conformance tests)
+    #: estimates.csv's per-round columns beyond the common ones: round info key, value when missing
+    round_columns = (("global_update", False), ("vote_mean", None), ("votes", 0))
     examples = {'thresh': {'epsilon': 4.0, 'delta': 0.1, 'epoch_length': 1, 'a': 0.25, 'b': 0.25, 'tau_scale': 0.12}}
 
     def baseline_table(self) -> dict[str, object]:

@@ -156,6 +156,8 @@ class ToplParams:
         return 2 if self.threshold_round(t) else 1
 
     #: an example [protocol] table per name this class runs (ldpsim privacy-audit NAME, the conformance tests)
+    #: estimates.csv's per-round columns beyond the common ones: round info key, value when missing
+    round_columns = (("theta", None), ("holdout_reports", 0))
     examples = {'topl': {'epsilon': 1.0, 'threshold_epsilon': 1.0, 'max_value': 1.0, 'holdout': 0.05, 'rethreshold_every': 0, 'method': 'sw-w'}}
 
     @classmethod

@@ -259,12 +259,15 @@ def _write_estimates(result: RunResult, out: Path, seconds: dict[str, float] | N
     rounds = np.array([r.round for r in recs])
     reports = np.array([r.reports for r in recs])
     clipped = np.array([r.clipped for r in recs])
+    # the protocol's own per-round columns (its round_columns: info key, value when missing; flags as 0/1)
+    own = tuple(getattr(sc.protocol, "round_columns", ()))
+    names = [k for k, _ in own]
+    extra = [[int(v) if isinstance(v, bool) else v for v in (r.info.get(k, d) for r in recs)] for k, d in own]
     if sc.protocol.kind == "epoch":
         truth, est, sd = (_stack([getattr(r, f) for r in recs], None) for f in ("truth", "estimate", "sd_theory"))
         update = np.array([bool(r.info.get("global_update")) for r in recs])
-        table(["epoch", "truth", "estimate", "error", "global_update", "vote_mean", "votes", "reports", "theory_sd"],
-              [rounds, truth, est, est - truth, update.astype(int), [r.info.get("vote_mean") for r in recs],
-               [r.info.get("votes", 0) for r in recs], reports, sd])
+        table(["epoch", "truth", "estimate", "error", *names, "reports", "theory_sd"],
+              [rounds, truth, est, est - truth, *extra, reports, sd])
         title = (f"{sc.name}: {sc.protocol.name}, ε = {sc.protocol.epsilon:g}, n = {sc.devices:,}, "
                  f"{sc.protocol.epochs} epochs of {sc.protocol.epoch_length} rounds")
         draw("epochs_plot", rounds, truth, est, update, title,
@@ -272,9 +275,8 @@ def _write_estimates(result: RunResult, out: Path, seconds: dict[str, float] | N
         return
     if sc.protocol.kind == "stream":
         truth, est = (_stack([getattr(r, f) for r in recs], None) for f in ("truth", "estimate"))
-        table(["round", "truth", "estimate", "error", "theta", "holdout_reports", "reports"],
-              [rounds, truth, est, est - truth, [r.info.get("theta") for r in recs],
-               [r.info.get("holdout_reports", 0) for r in recs], reports])
+        table(["round", "truth", "estimate", "error", *names, "reports"],
+              [rounds, truth, est, est - truth, *extra, reports])
         title = (f"{sc.name}: {sc.protocol.name} ({sc.protocol.method}), ε = {sc.protocol.epsilon:g}, "
                  f"n = {sc.devices:,}")
         draw("estimates_plot", rounds, truth, est, np.zeros_like(truth), title, [c.round for c in sc.changes])
