@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, overload
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -57,13 +57,13 @@ from protocols.baselines import estimate_kflip, kflip_pq
 from protocols.collecting import Column
 from protocols.dbitflip import bucket_of, histogram
 from protocols.device import GuardedDevices
-from protocols.guard import Guarantee, Guard, Limits
+from protocols.guard import Guard, Limits
 from protocols.keyed import Purpose, stream_key
 from protocols.ledger import Charge
 from protocols.messages import CollectionRequest, CollectorMessage, Decision, ReportBatch
 from protocols.round_mechanism import NoRoundMechanism
 from protocols.staged import StageGraph, StagedCollector
-from protocols.thresh import _vote_kernel
+from protocols.thresh import VotingCaps, _vote_kernel
 from protocols.wire import bits as wire_bits
 
 HEAVYTHRESH = "heavythresh"
@@ -167,7 +167,7 @@ def check_items(buckets: int) -> None:
 
 # ------------------------------------------------------------------------------------------- parameters
 @dataclass(frozen=True)
-class HeavyThreshParams:
+class HeavyThreshParams(VotingCaps):
     """HeavyTHRESH parameters. ``buckets`` (D) and ``max_value`` define the dictionary; ``devices``, ``groups``,
     ``smallest_group`` and ``epochs`` describe the population and run; ``a``, ``b`` (None: derived) and
     ``tau_scale`` override the derived constants."""
@@ -191,9 +191,7 @@ class HeavyThreshParams:
     warnings: list = field(default_factory=list, compare=False, repr=False)
 
     kind = "histogram"  # one frequency per item, published once per epoch
-
-    #: the collector behaviors this protocol implements beyond the common ones (scenarios' [collector] behavior)
-    collector_behaviors = ("always_update",)
+    label = "HeavyTHRESH"
 
     #: an example [protocol] table per name this class runs (ldpsim privacy-audit NAME, the conformance tests)
     examples = {"heavythresh": {"epsilon": 4.0, "delta": 0.1, "epoch_length": 2, "buckets": 4, "max_value": 1.0,
@@ -226,10 +224,6 @@ class HeavyThreshParams:
                             "guarantee_derivation": self.guarantee_derivation, "problems": self.problems()},
         }
 
-    def broadcast_stages(self, t: int) -> int:
-        """Collector broadcasts in each epoch: the vote request, then the decision (estimates)."""
-        return 2
-
     @classmethod
     def from_table(cls, name: str, table: "config.Table", ctx: "config.Context") -> "HeavyThreshParams":
         """[protocol] keys: epsilon, delta, epoch_length, buckets (D), max_value, a, b, tau_scale, cap_rule,
@@ -248,16 +242,8 @@ class HeavyThreshParams:
             overrides["a"], overrides["b"], 1.0 if tau_scale is None else tau_scale,
             table.get("cap_rule", str, "paper", check=lambda v: v in ("paper", "strict"), what='"paper" or "strict"'),
             "always_update" if ctx.behavior == "always_update" else "honest")
-        allow = table.get("allow_infeasible", bool, False)
-        problems = params.problems()
-        explicit = allow or tau_scale is not None or any(v is not None for v in overrides.values())
-        if problems and not explicit:
-            raise table.error("protocol: HeavyTHRESH's derived constants are infeasible for this population:\n  - "
-                              + "\n  - ".join(problems)
-                              + "\nSet protocol.a, protocol.b and/or protocol.tau_scale (or allow_infeasible = "
-                                "true) to run anyway.")
-        params.warnings.extend(problems)
-        return params
+        explicit = tau_scale is not None or any(v is not None for v in overrides.values())
+        return params.feasible(table, explicit)
 
     def __post_init__(self) -> None:
         check_params(self.epsilon, self.max_value)
@@ -274,83 +260,10 @@ class HeavyThreshParams:
         object.__setattr__(self, "derived", derived_constants(self.devices, self.groups, smallest, self.epochs,
                                                               self.epoch_length, self.buckets, self.delta))
 
-    # ---------------------------------------------------------------- constants actually used
-    @property
-    def vote_noise(self) -> float:
-        return self.a if self.a is not None else self.derived["a"]
-
-    @property
-    def estimate_noise(self) -> float:
-        return self.b if self.b is not None else self.derived["b"]
-
-    @property
-    def levels(self) -> int:
-        return int(self.derived["levels"])
-
-    @property
-    def taus(self) -> np.ndarray:
-        """tau_j for j = -1, 0, ..., floor(log T) (tau_-1 = 0), times tau_scale."""
-        j = np.arange(-1, self.levels + 1)
-        return 2 * (j + 1) * self.derived["tau_unit"] * self.tau_scale
-
-    @property
-    def vote_threshold(self) -> float:
-        a = self.vote_noise
-        return 1 / (math.exp(a) + 1) + math.sqrt(math.log(10 * self.epochs / self.delta) / (2 * self.devices))
-
-    @property
-    def cap(self) -> float:
-        return self.epsilon / 4
-
-    @overload
-    def spendable(self, spent: np.ndarray, step: float) -> np.ndarray: ...
-
-    @overload
-    def spendable(self, spent: float, step: float) -> bool: ...
-
-    def spendable(self, spent: np.ndarray | float, step: float) -> np.ndarray | bool:
-        """Whether a cap with ``spent`` so far is open for another ``step`` (paper: c < eps/4; strict:
-        c + step <= eps/4)."""
-        if self.cap_rule == "strict":
-            return spent + step <= self.cap + 1e-12
-        return spent < self.cap - 1e-12
-
-    def cap_count(self, step: float) -> int:
-        """K: how many increments of ``step`` the cap rule allows, counted with the devices' own arithmetic
-        (repeated float addition): K_V for a, K_E for b."""
-        if not step < math.inf:
-            return 1 if self.spendable(0.0, step) else 0
-        n = int(self.cap / step) + 3
-        spent = np.concatenate(([0.0], np.cumsum(np.full(n, step))))  # sequential sums, as the devices add
-        return int(np.argmin(self.spendable(spent, step)))
-
-    @property
-    def vote_cap_count(self) -> int:
-        return self.cap_count(self.vote_noise)
-
-    @property
-    def estimate_cap_count(self) -> int:
-        return self.cap_count(self.estimate_noise)
-
     @property
     def _forced(self) -> int:
         """The first yes vote is forced (no reference: d = +inf) whenever the cap allows a yes vote at all."""
         return int(self.vote_cap_count >= 1)
-
-    def guarantee(self, horizon: int | None = None) -> Guarantee:
-        """The shared per-run record (protocols.guard.Guarantee) of :attr:`total_epsilon`; it does not depend on
-        the horizon: the caps bound every device's ledger however many epochs the run has."""
-        return Guarantee(self.total_epsilon, self.guarantee_derivation,
-                         scope="eps-LDP of a device's whole transcript against any collector, adaptive or not "
-                               "(exact worst case: vote reserve + truthful estimates)")
-
-    @property
-    def total_epsilon(self) -> float:
-        """The LDP level of a device's whole transcript against any collector: 2a (K_V - 1) + b K_E (module
-        docstring). No ledger exceeds it; exact when the run has epochs enough for the votes and estimates to
-        differ wherever the caps allow (the tests enumerate it), an upper bound otherwise."""
-        a, b = self.vote_noise, self.estimate_noise
-        return 2 * a * (self.vote_cap_count - self._forced) + b * self.estimate_cap_count
 
     @property
     def guarantee_derivation(self) -> str:
@@ -363,10 +276,6 @@ class HeavyThreshParams:
         return (f"2a(K_V - 1) + b K_E = 2 x {a:.6g} x {kv - self._forced} + {b:.6g} x {ke} = {total:.6g} ({why}; "
                 f"D-ary randomized response at b on an item drawn from the epoch histogram; "
                 f"K_V = {rule}(eps/4a) = {kv}, K_E = {rule}(eps/4b) = {ke})")
-
-    @property
-    def round_epsilon(self) -> float:
-        return max(self.vote_noise, self.estimate_noise)
 
     def round_mechanism(self, round_: int = 1) -> NoRoundMechanism:
         """As THRESH's: which epochs carry data depends on the caps and the collector's decisions, so the

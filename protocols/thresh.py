@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, overload
+from typing import TYPE_CHECKING, ClassVar, Self, overload
 
 import numba as nb
 import numpy as np
@@ -92,117 +92,58 @@ def theorem_4_3_bound(n: int, epochs: int, epoch_length: int, delta: float) -> f
     return 4 * (levels + 2) * math.sqrt(math.log(12 * n * epochs / delta) / (2 * epoch_length))
 
 
-@dataclass(frozen=True)
-class ThreshParams:
-    """THRESH parameters. ``devices``, ``groups``, ``smallest_group`` and ``epochs`` describe the population
-    and run; ``a``, ``b`` (None: derived) and ``tau_scale`` override the paper's constants."""
+class VotingCaps:
+    """THRESH's voting rule, caps and guarantee, shared by every protocol that votes on change under them
+    (THRESH, HeavyTHRESH): the constants actually used (a, b, tau_j), the cap rule, the cap counts K_V and
+    K_E, and the whole-transcript guarantee 2a (K_V - f) + b K_E, f = 1 when a device's first vote is a
+    forced yes (its ``_forced``). A frozen dataclass with the fields below inherits it."""
 
-    name: str
     epsilon: float
     delta: float
-    epoch_length: int
     epochs: int
     devices: int
-    groups: int = 1
-    smallest_group: int = 0
-    a: float | None = None
-    b: float | None = None
-    tau_scale: float = 1.0
-    cap_rule: str = "paper"
-    behavior: str = "honest"  # collector behavior: "honest" or "always_update" (an adversary, for audits)
-    max_value: float = 1.0
-    derived: dict = field(default_factory=dict, compare=False, repr=False)
-    warnings: list = field(default_factory=list, compare=False, repr=False)
+    a: float | None
+    b: float | None
+    tau_scale: float
+    cap_rule: str
+    derived: dict
+    warnings: list
+    label: ClassVar[str]  # the protocol's name in messages
 
-    kind = "epoch"
+    @property
+    def _forced(self) -> int:
+        """1 when a device's first vote is a forced yes (it then carries no data), else 0."""
+        raise NotImplementedError
+
+    @property
+    def guarantee_derivation(self) -> str:
+        """The guarantee's formula with the run's numbers, in one line."""
+        raise NotImplementedError
+
+    def problems(self) -> list[str]:
+        """Why the derived constants cannot work as intended (empty: feasible)."""
+        raise NotImplementedError
+
+    def feasible(self, table: "config.Table", explicit: bool) -> Self:
+        """These parameters parsed from ``table``, their problems (:meth:`problems`) kept as warnings; an error
+        naming them when the constants are all derived (``explicit``: a, b or tau_scale given) unless the table
+        sets allow_infeasible."""
+        allow = table.get("allow_infeasible", bool, False)
+        problems = self.problems()
+        if problems and not (explicit or allow):
+            raise table.error(f"protocol: {self.label}'s derived constants are infeasible for this population:\n"
+                              "  - " + "\n  - ".join(problems) + "\nSet protocol.a, protocol.b and/or "
+                              "protocol.tau_scale (or allow_infeasible = true) to run anyway.")
+        self.warnings.extend(problems)
+        return self
 
     #: the collector behaviors this protocol implements beyond the common ones (scenarios' [collector] behavior)
     collector_behaviors = ("always_update",)
-    collects_bits = True  # a device's daily value is a bit (a Bernoulli counter)
-
-    def run_summary(self, rounds: list, spend_by_reason: dict[str, np.ndarray], devices: int) -> dict:
-        """THRESH's part of summary.json: updates, caps and constants. From the ledger: the share of devices
-        that booked a vote reserve (their first data-dependent vote), the share whose estimate cap is reached
-        (K_E truthful estimates), the largest reserve and the largest estimate spend. ``rounds`` are the run's
-        round records (``round``, ``info``)."""
-        zeros = np.zeros(devices)
-        reserve = spend_by_reason.get(THRESH_VOTE_RESERVE, zeros)
-        ce = spend_by_reason.get(THRESH_ESTIMATE, zeros)
-        full = self.estimate_noise * self.estimate_cap_count
-        return {
-            "updates": int(sum(bool(r.info.get("global_update")) for r in rounds)),
-            "update_epochs": [r.round for r in rounds if r.info.get("global_update")],
-            "caps": {"cap": self.cap, "vote_cap_count": self.vote_cap_count,
-                     "estimate_cap_count": self.estimate_cap_count,
-                     "vote_reserve_booked": float(np.mean(reserve > 0)) if reserve.size else 0.0,
-                     "estimate_cap_reached": float(np.mean(ce >= full - 1e-9)) if ce.size else 0.0,
-                     "vote_reserve_max": float(reserve.max(initial=0.0)),
-                     "estimate_spend_max": float(ce.max(initial=0.0))},
-            "thresh": {"a": self.vote_noise, "b": self.estimate_noise, "taus": self.taus.tolist(),
-                       "vote_threshold": self.vote_threshold, "guarantee": float(self.total_epsilon),
-                       "guarantee_derivation": self.guarantee_derivation,
-                       "theorem_4_3_bound": theorem_4_3_bound(self.devices, self.epochs, self.epoch_length,
-                                                              self.delta),
-                       "problems": self.problems()},
-        }
 
     def broadcast_stages(self, t: int) -> int:
         """Collector broadcasts in each epoch: the vote request, then the decision (estimates)."""
         return 2
 
-    #: an example [protocol] table per name this class runs (ldpsim privacy-audit NAME, the conformance tests)
-    #: estimates.csv's per-round columns beyond the common ones: round info key, value when missing
-    round_columns = (("global_update", False), ("vote_mean", None), ("votes", 0))
-    examples = {'thresh': {'epsilon': 4.0, 'delta': 0.1, 'epoch_length': 1, 'a': 0.25, 'b': 0.25, 'tau_scale': 0.12}}
-
-    def baseline_table(self) -> dict[str, object]:
-        """``ldpsim compare``'s baseline: naive per-epoch randomized response (epochrr) spending this run's
-        exact guarantee, evenly over the epochs (Joseph et al. 2018, section 1)."""
-        return {"name": "epochrr", "epsilon": self.total_epsilon, "epoch_length": self.epoch_length}
-
-    @classmethod
-    def from_table(cls, name: str, table: "config.Table", ctx: "config.Context") -> "ThreshParams":
-        """[protocol] keys: epsilon, delta, epoch_length, a, b, tau_scale, cap_rule, allow_infeasible.
-        Infeasible derived constants are an error naming them, unless a, b or tau_scale are given explicitly
-        (or allow_infeasible = true): then the problems become warnings."""
-        epsilon = config.epsilon(table)
-        rounds = ctx.rounds
-        length = table.get("epoch_length", int, check=lambda v: 1 <= v <= rounds and rounds % v == 0,
-                           what=f"a divisor of rounds ({rounds})")
-        overrides = {k: table.get(k, float, None, check=config.positive, what="> 0") for k in ("a", "b")}
-        tau_scale = table.get("tau_scale", float, None, check=config.positive, what="> 0")
-        params = cls(
-            name, epsilon, table.get("delta", float, 0.1, check=lambda v: 0 < v < 1, what="a number in (0, 1)"),
-            length, rounds // length, ctx.devices, ctx.groups, ctx.smallest_group, overrides["a"],
-            overrides["b"], 1.0 if tau_scale is None else tau_scale,
-            table.get("cap_rule", str, "paper", check=lambda v: v in ("paper", "strict"), what='"paper" or "strict"'),
-            "always_update" if ctx.behavior == "always_update" else "honest")
-        allow = table.get("allow_infeasible", bool, False)
-        problems = params.problems()
-        explicit = allow or tau_scale is not None or any(v is not None for v in overrides.values())
-        if problems and not explicit:
-            raise table.error("protocol: THRESH's derived constants are infeasible for this population:\n  - "
-                              + "\n  - ".join(problems)
-                              + "\nSet protocol.a, protocol.b and/or protocol.tau_scale (or allow_infeasible = "
-                                "true) to run anyway.")
-        params.warnings.extend(problems)
-        return params
-
-    def __post_init__(self) -> None:
-        check_params(self.epsilon, self.max_value)
-        if not 0 < self.delta < 1:
-            raise ValueError(f"protocol.delta must be in (0, 1), got {self.delta}")
-        if self.epoch_length < 1 or self.epochs < 1:
-            raise ValueError("protocol.epoch_length and the number of epochs must be >= 1")
-        if self.cap_rule not in ("paper", "strict"):
-            raise ValueError(f"protocol.cap_rule must be 'paper' or 'strict', got {self.cap_rule!r}")
-        if self.behavior not in ("honest", "always_update"):
-            raise ValueError(f"collector.behavior must be 'honest' or 'always_update', got {self.behavior!r}")
-        smallest = self.smallest_group or self.devices
-        object.__setattr__(self, "derived", derived_constants(self.devices, self.groups, smallest, self.epochs,
-                                                              self.epoch_length, self.epsilon, self.delta))
-
-    # ---------------------------------------------------------------- constants actually used
     @property
     def vote_noise(self) -> float:
         return self.a if self.a is not None else self.derived["a"]
@@ -261,12 +202,6 @@ class ThreshParams:
     def estimate_cap_count(self) -> int:
         return self.cap_count(self.estimate_noise)
 
-    @property
-    def forced_first_vote(self) -> bool:
-        """tau_L < 1: against the reference -1 every epoch mean exceeds the top threshold, so a device's votes
-        before the first update it takes part in are yes whatever its data (2^0 divides every t)."""
-        return bool(self.taus[-1] < 1)
-
     def guarantee(self, horizon: int | None = None) -> Guarantee:
         """The shared per-run record (protocols.guard.Guarantee) of :attr:`total_epsilon`; it does not depend on
         the horizon: the caps bound every device's ledger however many epochs the run has."""
@@ -277,14 +212,122 @@ class ThreshParams:
     @property
     def total_epsilon(self) -> float:
         """The LDP level of a device's whole transcript against any collector, adaptive or not (module
-        docstring): 2a K_V + b K_E when tau_L >= 1; 2a (K_V - 1) + b K_E when tau_L < 1, the first vote being
-        a forced yes. No ledger exceeds it. Exact (attained by some pair of data sequences and decisions; the
-        tests enumerate it for tau_L < 1 and 1 <= tau_L < 2) when the run has epochs enough for the votes
-        and estimates to differ wherever the caps allow; an upper bound otherwise (a short run, or tau_L >= 2,
+        docstring): 2a K_V + b K_E, or 2a (K_V - 1) + b K_E when the first vote is a forced yes (THRESH: when
+        tau_L < 1; HeavyTHRESH: always). No ledger exceeds it. Exact (attained by some pair of data sequences
+        and decisions; the tests enumerate it) when the run has epochs enough for the votes and estimates to
+        differ wherever the caps allow; an upper bound otherwise (a short run, or THRESH with tau_L >= 2,
         where no odd epoch can carry a yes vote)."""
         a, b = self.vote_noise, self.estimate_noise
         kv = self.vote_cap_count - self._forced
         return 2 * a * kv + b * self.estimate_cap_count
+
+    @property
+    def round_epsilon(self) -> float:
+        return max(self.vote_noise, self.estimate_noise)
+
+
+@dataclass(frozen=True)
+class ThreshParams(VotingCaps):
+    """THRESH parameters. ``devices``, ``groups``, ``smallest_group`` and ``epochs`` describe the population
+    and run; ``a``, ``b`` (None: derived) and ``tau_scale`` override the paper's constants."""
+
+    name: str
+    epsilon: float
+    delta: float
+    epoch_length: int
+    epochs: int
+    devices: int
+    groups: int = 1
+    smallest_group: int = 0
+    a: float | None = None
+    b: float | None = None
+    tau_scale: float = 1.0
+    cap_rule: str = "paper"
+    behavior: str = "honest"  # collector behavior: "honest" or "always_update" (an adversary, for audits)
+    max_value: float = 1.0
+    derived: dict = field(default_factory=dict, compare=False, repr=False)
+    warnings: list = field(default_factory=list, compare=False, repr=False)
+
+    kind = "epoch"
+    label = "THRESH"
+
+    collects_bits = True  # a device's daily value is a bit (a Bernoulli counter)
+
+    def run_summary(self, rounds: list, spend_by_reason: dict[str, np.ndarray], devices: int) -> dict:
+        """THRESH's part of summary.json: updates, caps and constants. From the ledger: the share of devices
+        that booked a vote reserve (their first data-dependent vote), the share whose estimate cap is reached
+        (K_E truthful estimates), the largest reserve and the largest estimate spend. ``rounds`` are the run's
+        round records (``round``, ``info``)."""
+        zeros = np.zeros(devices)
+        reserve = spend_by_reason.get(THRESH_VOTE_RESERVE, zeros)
+        ce = spend_by_reason.get(THRESH_ESTIMATE, zeros)
+        full = self.estimate_noise * self.estimate_cap_count
+        return {
+            "updates": int(sum(bool(r.info.get("global_update")) for r in rounds)),
+            "update_epochs": [r.round for r in rounds if r.info.get("global_update")],
+            "caps": {"cap": self.cap, "vote_cap_count": self.vote_cap_count,
+                     "estimate_cap_count": self.estimate_cap_count,
+                     "vote_reserve_booked": float(np.mean(reserve > 0)) if reserve.size else 0.0,
+                     "estimate_cap_reached": float(np.mean(ce >= full - 1e-9)) if ce.size else 0.0,
+                     "vote_reserve_max": float(reserve.max(initial=0.0)),
+                     "estimate_spend_max": float(ce.max(initial=0.0))},
+            "thresh": {"a": self.vote_noise, "b": self.estimate_noise, "taus": self.taus.tolist(),
+                       "vote_threshold": self.vote_threshold, "guarantee": float(self.total_epsilon),
+                       "guarantee_derivation": self.guarantee_derivation,
+                       "theorem_4_3_bound": theorem_4_3_bound(self.devices, self.epochs, self.epoch_length,
+                                                              self.delta),
+                       "problems": self.problems()},
+        }
+
+    #: an example [protocol] table per name this class runs (ldpsim privacy-audit NAME, the conformance tests)
+    #: estimates.csv's per-round columns beyond the common ones: round info key, value when missing
+    round_columns = (("global_update", False), ("vote_mean", None), ("votes", 0))
+    examples = {'thresh': {'epsilon': 4.0, 'delta': 0.1, 'epoch_length': 1, 'a': 0.25, 'b': 0.25, 'tau_scale': 0.12}}
+
+    def baseline_table(self) -> dict[str, object]:
+        """``ldpsim compare``'s baseline: naive per-epoch randomized response (epochrr) spending this run's
+        exact guarantee, evenly over the epochs (Joseph et al. 2018, section 1)."""
+        return {"name": "epochrr", "epsilon": self.total_epsilon, "epoch_length": self.epoch_length}
+
+    @classmethod
+    def from_table(cls, name: str, table: "config.Table", ctx: "config.Context") -> "ThreshParams":
+        """[protocol] keys: epsilon, delta, epoch_length, a, b, tau_scale, cap_rule, allow_infeasible.
+        Infeasible derived constants are an error naming them, unless a, b or tau_scale are given explicitly
+        (or allow_infeasible = true): then the problems become warnings."""
+        epsilon = config.epsilon(table)
+        rounds = ctx.rounds
+        length = table.get("epoch_length", int, check=lambda v: 1 <= v <= rounds and rounds % v == 0,
+                           what=f"a divisor of rounds ({rounds})")
+        overrides = {k: table.get(k, float, None, check=config.positive, what="> 0") for k in ("a", "b")}
+        tau_scale = table.get("tau_scale", float, None, check=config.positive, what="> 0")
+        params = cls(
+            name, epsilon, table.get("delta", float, 0.1, check=lambda v: 0 < v < 1, what="a number in (0, 1)"),
+            length, rounds // length, ctx.devices, ctx.groups, ctx.smallest_group, overrides["a"],
+            overrides["b"], 1.0 if tau_scale is None else tau_scale,
+            table.get("cap_rule", str, "paper", check=lambda v: v in ("paper", "strict"), what='"paper" or "strict"'),
+            "always_update" if ctx.behavior == "always_update" else "honest")
+        explicit = tau_scale is not None or any(v is not None for v in overrides.values())
+        return params.feasible(table, explicit)
+
+    def __post_init__(self) -> None:
+        check_params(self.epsilon, self.max_value)
+        if not 0 < self.delta < 1:
+            raise ValueError(f"protocol.delta must be in (0, 1), got {self.delta}")
+        if self.epoch_length < 1 or self.epochs < 1:
+            raise ValueError("protocol.epoch_length and the number of epochs must be >= 1")
+        if self.cap_rule not in ("paper", "strict"):
+            raise ValueError(f"protocol.cap_rule must be 'paper' or 'strict', got {self.cap_rule!r}")
+        if self.behavior not in ("honest", "always_update"):
+            raise ValueError(f"collector.behavior must be 'honest' or 'always_update', got {self.behavior!r}")
+        smallest = self.smallest_group or self.devices
+        object.__setattr__(self, "derived", derived_constants(self.devices, self.groups, smallest, self.epochs,
+                                                              self.epoch_length, self.epsilon, self.delta))
+
+    @property
+    def forced_first_vote(self) -> bool:
+        """tau_L < 1: against the reference -1 every epoch mean exceeds the top threshold, so a device's votes
+        before the first update it takes part in are yes whatever its data (2^0 divides every t)."""
+        return bool(self.taus[-1] < 1)
 
     @property
     def _forced(self) -> int:
@@ -304,10 +347,6 @@ class ThreshParams:
             why = (f"tau_L = {self.taus[-1]:.4g} >= 1: the first vote can depend on the data"
                    if not self.forced_first_vote else "K_V = 0: no yes vote is ever allowed")
         return f"{head} ({why}; K_V = {rule}(eps/4a) = {kv}, K_E = {rule}(eps/4b) = {ke})"
-
-    @property
-    def round_epsilon(self) -> float:
-        return max(self.vote_noise, self.estimate_noise)
 
     def round_mechanism(self, round_: int = 1) -> NoRoundMechanism:
         """THRESH's messages are fresh, but whether an epoch's vote or estimate depends on the data at all is
