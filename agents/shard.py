@@ -113,7 +113,7 @@ class CohortShard:
         range filled) and return how many of them were clipped."""
         self.world.advance_to(day)
         lo, hi = self.cohorts[0][0], self.cohorts[-1][1]
-        values, clipped = self.world.values(np.arange(lo, hi))
+        values, clipped = self.world.totals(lo, hi)
         out[lo:hi] = values
         return clipped
 

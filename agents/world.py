@@ -159,42 +159,52 @@ class World:
     """Counters of ``n`` devices over rounds 1, 2, ...; call :meth:`advance_to` at each round start. Each group's
     behaviors (``Group.behavior``) run in a copy of their own per world."""
 
-    def __init__(self, seed: int, n: int, groups: list[Group], changes: list[Change], max_value: float) -> None:
+    def __init__(self, seed: int, n: int, groups: list[Group], changes: list[Change], max_value: float,
+                 span: tuple[int, int] | None = None) -> None:
+        """``span = (lo, hi)``: hold and compute devices lo..hi-1 only (a shard's world, agents/shard.py): every
+        per-device array is hi - lo long, so N shards of a population hold it once between them, and the clipped
+        count is the span's. A world with behaviors holds everyone (they may read the population's mean)."""
         self.seed, self.n, self.max_value = int(seed), int(n), float(max_value)
         self.groups = list(groups)
         self.changes = sorted(changes, key=lambda c: c.round)
         self.bounds = split_shares(self.n, [g.share for g in self.groups])
         self._index = {g.name: i for i, g in enumerate(self.groups)}
-        self.levels = np.empty(self.n, dtype=np.float64)
-        self.sds = np.empty(self.n, dtype=np.float64)
-        self.binary = np.zeros(self.n, dtype=np.bool_)  # Bernoulli counters: the level is the probability
-        self.source = np.full(self.n, -1, dtype=np.int64)  # empirical data set of each device (-1: none)
+        lo, hi = (0, self.n) if span is None or any(g.behavior is not None for g in self.groups) else span
+        if not 0 <= lo <= hi <= self.n:
+            raise ValueError(f"span [{lo}, {hi}) is outside the population of {self.n}")
+        self.span = (int(lo), int(hi))  # the devices this world holds and computes
+        size = self.span[1] - self.span[0]
+        self.levels = np.empty(size, dtype=np.float64)
+        self.sds = np.empty(size, dtype=np.float64)
+        self.binary = np.zeros(size, dtype=np.bool_)  # Bernoulli counters: the level is the probability
+        self.source = np.full(size, -1, dtype=np.int16)  # empirical data set of each device (-1: none)
         self._pools: list[np.ndarray] = []
         for gi, g in enumerate(self.groups):
-            ids = self.group_ids(g.name)
-            self.levels[ids] = g.counter.sample(stream_key(seed, Purpose.LEVEL, 0), ids, self.max_value)
-            self.sds[ids] = g.jitter_sd
-            self.binary[ids] = g.counter.kind == "bernoulli"
-            self._set_source(ids, g.counter)
+            ids = self._held(self.group_ids(g.name))
+            at = ids - lo
+            self.levels[at] = g.counter.sample(stream_key(seed, Purpose.LEVEL, 0), ids, self.max_value)
+            self.sds[at] = g.jitter_sd
+            self.binary[at] = g.counter.kind == "bernoulli"
+            self._set_source(at, g.counter)
         self.counters = len(self.groups[0].apps) if self.groups and self.groups[0].apps else None
         if self.counters is not None:
             if any(g.apps is None or len(g.apps) != self.counters for g in self.groups):
                 raise ValueError("every group needs apps weights of the same length")
-            self.split = np.empty((self.n, self.counters), dtype=np.float64)
+            self.split = np.empty((size, self.counters), dtype=np.float64)
             for g in self.groups:
-                ids = self.group_ids(g.name)
+                ids = self._held(self.group_ids(g.name))
                 u = np.stack([keyed.uniform(stream_key(seed, Purpose.SPLIT, j), ids) for j in range(self.counters)],
                              axis=1)
                 w = np.asarray(g.apps) * (0.5 + u)
-                self.split[ids] = w / w.sum(axis=1, keepdims=True)
+                self.split[ids - lo] = w / w.sum(axis=1, keepdims=True)
         self.churn = any(g.joins > 1 or g.leaves is not None for g in self.groups)
         if self.churn:
-            self.joins = np.empty(self.n, dtype=np.int64)
-            self.leaves = np.empty(self.n, dtype=np.int64)
+            self.joins = np.empty(size, dtype=np.int64)
+            self.leaves = np.empty(size, dtype=np.int64)
             for g in self.groups:
-                ids = self.group_ids(g.name)
-                self.joins[ids] = g.joins
-                self.leaves[ids] = g.leaves if g.leaves is not None else np.iinfo(np.int64).max
+                at = self._held(self.group_ids(g.name)) - lo
+                self.joins[at] = g.joins
+                self.leaves[at] = g.leaves if g.leaves is not None else np.iinfo(np.int64).max
         self.day = 0
         self._applied = 0
         self._cache_day = -1
@@ -202,47 +212,45 @@ class World:
         self._clipped = 0
         # scripted behaviors (agents/behavior.py): per group, its id range and a running copy for this world
         self._scripts: list[tuple[int, int, Bound]] = []
-        self.free = np.zeros(self.n, dtype=np.bool_)  # devices whose base value a behavior shapes
+        self.free = np.zeros(size, dtype=np.bool_)  # devices whose base value a behavior shapes
         for gi, g in enumerate(self.groups):
             if g.behavior is None:
                 continue
             if g.counter.kind == "bernoulli" or any(c.group == g.name and c.counter is not None
                                                    and c.counter.kind == "bernoulli" for c in self.changes):
                 raise ValueError(f"group {g.name!r}: behaviors shape counter values, not private bits (bernoulli)")
-            lo, hi = int(self.bounds[gi]), int(self.bounds[gi + 1])
-            self._scripts.append((lo, hi, g.behavior.bind(self.seed, gi, self.max_value)))
-            self.free[lo:hi] = True
+            glo, ghi = int(self.bounds[gi]), int(self.bounds[gi + 1])
+            self._scripts.append((glo, ghi, g.behavior.bind(self.seed, gi, self.max_value)))
+            self.free[glo:ghi] = True
         self._mean = math.nan  # the previous round's mean value over the population (behaviors' Day.mean)
-        self.span = (0, self.n)  # the devices whose values are computed (restrict)
         self._source: Any = None  # values computed elsewhere (use_values)
+
+    def _held(self, ids: np.ndarray) -> np.ndarray:
+        """The ids among sorted ``ids`` that this world holds (its span)."""
+        lo, hi = self.span
+        return ids[np.searchsorted(ids, lo):np.searchsorted(ids, hi)]
 
     def use_values(self, source: Any) -> None:
         """Take every day's values from ``source(day) -> (values of all devices, clipped count)`` instead of
         computing them (a sharded run's process, whose workers compute them anyway: scenarios/parallel.py).
-        Not for a world with behaviors, whose own copies must see every day."""
-        if not self._scripts:
+        Not for a world with behaviors, whose own copies must see every day, nor for a span-sized world."""
+        if not self._scripts and self.span == (0, self.n):
             self._source = source
             self._cache_day = -1
 
-    def restrict(self, lo: int, hi: int) -> None:
-        """Compute the values of devices lo..hi-1 only (a shard's world, agents/shard.py); the clipped count is
-        then theirs. A world with behaviors keeps computing everyone (they may read the population's mean)."""
-        if not 0 <= lo <= hi <= self.n:
-            raise ValueError(f"span [{lo}, {hi}) is outside the population of {self.n}")
-        if not self._scripts:
-            self.span = (int(lo), int(hi))
-            self._cache_day = -1
-
-    def _set_source(self, ids: np.ndarray, dist: Dist) -> None:
+    def _set_source(self, at: np.ndarray, dist: Dist) -> None:
+        """Point the devices at positions ``at`` of this world's arrays to ``dist``'s data set, if it has one."""
         if dist.kind != "data":
-            self.source[ids] = -1
+            self.source[at] = -1
             return
         for k, pool in enumerate(self._pools):
             if pool is dist.data:
-                self.source[ids] = k
+                self.source[at] = k
                 return
+        if len(self._pools) == np.iinfo(self.source.dtype).max:
+            raise ValueError(f"more than {len(self._pools)} data sets in one scenario")
         self._pools.append(dist.data)
-        self.source[ids] = len(self._pools) - 1
+        self.source[at] = len(self._pools) - 1
         self._pool = np.concatenate(self._pools).astype(np.float64)
         self._offsets = np.concatenate(([0], np.cumsum([p.size for p in self._pools]))).astype(np.int64)
 
@@ -275,24 +283,28 @@ class World:
         while self._applied < len(self.changes) and self.changes[self._applied].round <= day:
             ch = self.changes[self._applied]
             self._applied += 1
-            ids = self.affected(self._applied)
+            ids = self.affected(self._applied, held=True)
+            at = ids - self.span[0]
             if ch.counter is not None:
-                self.binary[ids] = ch.counter.kind == "bernoulli"
-                self._set_source(ids, ch.counter)
-                self.levels[ids] = ch.counter.sample(stream_key(self.seed, Purpose.LEVEL, self._applied), ids,
-                                                      self.max_value)
+                self.binary[at] = ch.counter.kind == "bernoulli"
+                self._set_source(at, ch.counter)
+                self.levels[at] = ch.counter.sample(stream_key(self.seed, Purpose.LEVEL, self._applied), ids,
+                                                     self.max_value)
             if ch.jitter_sd is not None:
-                self.sds[ids] = ch.jitter_sd
+                self.sds[at] = ch.jitter_sd
             applied.append(ch)
         if applied:
             self._cache_day = -1
         return applied
 
-    def affected(self, number: int) -> np.ndarray:
+    def affected(self, number: int, held: bool = False) -> np.ndarray:
         """Ids of the devices that the ``number``-th scripted change (1-based, in round order) hits: its group's
-        devices, or the keyed ``fraction`` of them. A pure function of the seed, so it can be asked after a run."""
+        devices, or the keyed ``fraction`` of them (``held``: only those this world holds). A pure function of the
+        seed, so it can be asked after a run."""
         ch = self.changes[number - 1]
         ids = self.group_ids(ch.group)
+        if held:
+            ids = self._held(ids)
         if ch.fraction < 1.0:
             ids = ids[keyed.uniform(stream_key(self.seed, Purpose.AFFECTED, number), ids) < ch.fraction]
         return ids
@@ -301,14 +313,14 @@ class World:
         """Which of ``ids`` are present on the current day (None: everyone, no churn in this world)."""
         if not self.churn:
             return None
-        ids = np.asarray(ids)
-        return (self.joins[ids] <= self.day) & (self.day < self.leaves[ids])
+        at = np.asarray(ids) - self.span[0]
+        return (self.joins[at] <= self.day) & (self.day < self.leaves[at])
 
     def values(self, ids: np.ndarray, day: int | None = None) -> tuple[np.ndarray, int]:
         """Clipped values of devices ``ids`` on ``day`` (default: the current day), and how many of the
-        whole population's values were clipped that day. With apps: one row of c counters per device.
+        world's values (its span's) were clipped that day. With apps: one row of c counters per device.
 
-        The day's values are computed once for the whole population and shared by every cohort (and by the
+        The day's values are computed once for the world's span and shared by every cohort (and by the
         truth), a contiguous id range being served as a view.
         """
         day = self.day if day is None else day
@@ -318,25 +330,31 @@ class World:
             self._cache, self._clipped = self._source(day)
             self._cache_day = day
         if self._cache_day != day:
-            self._cache = np.empty(self.n, dtype=np.float64)
+            lo, hi = self.span
+            self._cache = np.empty(hi - lo, dtype=np.float64)
             key = np.uint64(stream_key(self.seed, Purpose.JITTER, day))
             pool = getattr(self, "_pool", np.zeros(1))
             offsets = getattr(self, "_offsets", np.zeros(2, np.int64))
-            lo, hi = self.span
-            self._clipped = int(_values_kernel(self.levels[lo:hi], self.sds[lo:hi], self.binary[lo:hi],
-                                               self.source[lo:hi], pool, offsets, key, self.max_value,
-                                               self.free[lo:hi], lo, self._cache[lo:hi]))
+            self._clipped = int(_values_kernel(self.levels, self.sds, self.binary, self.source, pool, offsets, key,
+                                               self.max_value, self.free, lo, self._cache))
             if self._scripts:
                 self._behave(day)
             self._cache_day = day
         ids = np.asarray(ids)
         if not ids.size:
             ids = ids.astype(np.int64)
-        where = (slice(int(ids[0]), int(ids[-1]) + 1) if ids.size and ids.ndim == 1
-                 and int(ids[-1]) - int(ids[0]) + 1 == ids.size else ids)
+        at = ids - self.span[0]
+        where = (slice(int(at[0]), int(at[-1]) + 1) if at.size and at.ndim == 1
+                 and int(at[-1]) - int(at[0]) + 1 == at.size else at)
         if self.counters is not None:  # (devices, c): the day's total split over the apps
             return self._cache[where][:, None] * self.split[where], self._clipped
         return self._cache[where], self._clipped
+
+    def totals(self, lo: int, hi: int) -> tuple[np.ndarray, int]:
+        """The current day's values of devices lo..hi-1 before any split over apps (one total per device, what
+        :meth:`values` splits), and the clipped count: what a shard hands the run's world (agents/shard.py)."""
+        _, clipped = self.values(np.empty(0, dtype=np.int64))
+        return self._cache[lo - self.span[0]:hi - self.span[0]], clipped
 
     def _behave(self, day: int) -> None:
         """The groups' behaviors on ``day``: their base values (unclipped in the cache) shaped, then clipped

@@ -231,8 +231,8 @@ def _build_shard(scenario_data: dict, cohorts: list[tuple[int, int]]) -> Any:
     from scenarios.schema import parse
 
     sc = parse(scenario_data)
-    world = World(sc.seed, sc.devices, sc.groups, sc.changes, sc.protocol.max_value)
-    world.restrict(cohorts[0][0], cohorts[-1][1])
+    world = World(sc.seed, sc.devices, sc.groups, sc.changes, sc.protocol.max_value,
+                  span=(cohorts[0][0], cohorts[-1][1]))
     network = Network(None, sc.network, sc.seed)  # type: ignore[arg-type]  (keyed fates only: no SimPy here)
     return CohortShard(sc.protocol, sc.seed, sc.limits, world, network, cohorts, sc.simulation.round_seconds)
 

@@ -30,6 +30,7 @@ def _same_run(a: tuple[dict, runner.RunResult], b: tuple[dict, runner.RunResult]
     ("thresh_drift", ("rounds=8", "protocol.epoch_length=2")),  # the devices observe every day; votes, decisions
     ("topl_pos", ()),  # thresholds broadcast mid-round
     ("weekday_usage", ()),  # behaviors: every shard's world computes the whole population
+    ("apps_multi", ("population.groups.1.joins=3",)),  # several counters a device; devices joining late
 ])
 def test_two_workers_run_exactly_what_one_process_runs(name, extra):
     one = _run(name, 1, 300, *extra)

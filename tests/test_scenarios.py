@@ -501,3 +501,35 @@ def test_jitter_varies_between_rounds():
     v2 = w.values(np.arange(w.n))[0]
     assert not np.array_equal(v1, v2)
     assert np.std(v1 - 5000.0) == pytest.approx(100.0, rel=0.1)
+
+
+@pytest.mark.parametrize("apps", [None, (2.0, 1.0, 1.0)])
+def test_a_span_sized_world_holds_and_computes_exactly_its_span_of_the_whole_world(apps):
+    """A shard's world (``span``) holds hi - lo devices and gives them the values, clipping, churn and app splits
+    the whole world gives them, across changes that hit a keyed fraction of a group and a data set counter."""
+    pos = np.array([1.0, 2.0, 3.0, 50.0, 400.0])
+    groups = [Group("a", 0.5, Dist("normal", mean=100.0, sd=40.0), jitter_sd=30.0, apps=apps, joins=2),
+              Group("b", 0.3, Dist("data", data=pos), apps=apps, leaves=4),
+              Group("c", 0.2, Dist("uniform", low=0.0, high=300.0), jitter_sd=80.0, apps=apps)]
+    changes = [Change(2, "a", Dist("constant", value=250.0), fraction=0.3),
+               Change(3, "c", Dist("data", data=pos), jitter_sd=5.0)]
+    whole = World(9, 3000, groups, changes, 260.0)
+    spans = [(0, 1000), (1000, 2400), (2400, 3000), (1400, 1401), (700, 700)]
+    parts = [World(9, 3000, groups, changes, 260.0, span=s) for s in spans]
+    for day in range(1, 6):
+        whole.advance_to(day)
+        v, clipped = whole.values(np.arange(3000))
+        assert clipped > 0
+        counts = []
+        for (lo, hi), part in zip(spans, parts):
+            assert part.levels.size == hi - lo and part.sds.size == hi - lo
+            part.advance_to(day)
+            ids = np.arange(lo, hi)
+            got, k = part.values(ids)
+            counts.append(k)
+            np.testing.assert_array_equal(got, v[lo:hi])
+            np.testing.assert_array_equal(part.values(ids[::-1])[0], v[lo:hi][::-1])  # any ids, not only a slice
+            np.testing.assert_array_equal(part.present(ids), whole.present(ids))
+        assert sum(counts[:3]) == clipped  # the spans that partition the population: their clipping adds up
+    with pytest.raises(ValueError, match="outside the population"):
+        World(9, 3000, groups, changes, 260.0, span=(10, 3001))
