@@ -12,7 +12,7 @@ from typing import Callable
 import numpy as np
 import simpy
 
-from agents.shard import answer_cohort, cohort_day
+from agents.shard import answer_cohort, cohort_day, signed_ids
 from agents.world import World
 from collector.network import Network
 from protocols import wire
@@ -25,7 +25,7 @@ class CohortAgent:
                  ledger: Ledger, send: Callable[[bytes], object], round_seconds: float) -> None:
         self.env, self.device, self.world, self.network, self.ledger = env, device, world, network, ledger
         self.send, self.round_seconds = send, round_seconds
-        self.ids = device.device_ids.astype(np.int64)
+        self.ids = signed_ids(device.device_ids)
         self.inbox: simpy.Store = simpy.Store(env)
         self.rejected = 0  # collector messages this cohort could not decode
         self.process = env.process(self.run())

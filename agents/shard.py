@@ -70,6 +70,13 @@ def answer_cohort(device: DeviceSide, ids: np.ndarray, world: World, network: Ne
     return out
 
 
+def signed_ids(device_ids: np.ndarray) -> np.ndarray:
+    """A cohort's device ids as int64 for indexing: a view of the device side's own ids where they are uint64
+    (ids are below 2**63), so a population's ids are held once."""
+    ids = np.asarray(device_ids)
+    return ids.view(np.int64) if ids.dtype == np.uint64 else ids.astype(np.int64, copy=False)
+
+
 def cohort_day(now: float, round_seconds: float) -> int:
     """The devices' own round counter: rounds start every ``round_seconds``, the first at time 0."""
     return int(now // round_seconds) + 1
@@ -83,8 +90,8 @@ class CohortShard:
                  cohorts: list[tuple[int, int]], round_seconds: float) -> None:
         self.world, self.network, self.round_seconds = world, network, float(round_seconds)
         self.cohorts = [(int(lo), int(hi)) for lo, hi in cohorts]
-        self.ids = [np.arange(lo, hi, dtype=np.int64) for lo, hi in self.cohorts]
         self.devices = [params.make_devices(seed, np.arange(lo, hi), limits) for lo, hi in self.cohorts]
+        self.ids = [signed_ids(d.device_ids) for d in self.devices]
         self.observers = [i for i, d in enumerate(self.devices) if hasattr(d, "observe")]
 
     def observe(self, day: int) -> None:
