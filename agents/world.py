@@ -30,7 +30,7 @@ from protocols.keyed import Purpose, stream_key
 if "NUMBA_THREADING_LAYER" not in os.environ:
     # numba's own pool: OpenMP's spinning threads slowed the serial work between parallel kernels by a third
     # (THRESH benchmark: 42 s against 29 s)
-    nb.config.THREADING_LAYER = "workqueue"
+    nb.config.THREADING_LAYER = "workqueue"  # type: ignore[attr-defined]
 
 
 @nb.njit(cache=True)
@@ -174,18 +174,12 @@ class World:
             raise ValueError(f"span [{lo}, {hi}) is outside the population of {self.n}")
         self.span = (int(lo), int(hi))  # the devices this world holds and computes
         size = self.span[1] - self.span[0]
-        self.levels = np.empty(size, dtype=np.float64)
-        self.sds = np.empty(size, dtype=np.float64)
-        self.binary = np.zeros(size, dtype=np.bool_)  # Bernoulli counters: the level is the probability
-        self.source = np.full(size, -1, dtype=np.int16)  # empirical data set of each device (-1: none)
+        # levels, jitter sds, Bernoulli and data-set flags: built on first use (_hold), so a world that takes
+        # its values from elsewhere (use_values) and is never asked for levels holds none
+        self._levels: np.ndarray | None = None
+        self._sds = np.empty(0)
+        self.binary, self.free, self.source = np.empty(0, np.bool_), np.empty(0, np.bool_), np.empty(0, np.int16)
         self._pools: list[np.ndarray] = []
-        for gi, g in enumerate(self.groups):
-            ids = self._held(self.group_ids(g.name))
-            at = ids - lo
-            self.levels[at] = g.counter.sample(stream_key(seed, Purpose.LEVEL, 0), ids, self.max_value)
-            self.sds[at] = g.jitter_sd
-            self.binary[at] = g.counter.kind == "bernoulli"
-            self._set_source(at, g.counter)
         self.counters = len(self.groups[0].apps) if self.groups and self.groups[0].apps else None
         if self.counters is not None:
             if any(g.apps is None or len(g.apps) != self.counters for g in self.groups):
@@ -212,7 +206,6 @@ class World:
         self._clipped = 0
         # scripted behaviors (agents/behavior.py): per group, its id range and a running copy for this world
         self._scripts: list[tuple[int, int, Bound]] = []
-        self.free = np.zeros(size, dtype=np.bool_)  # devices whose base value a behavior shapes
         for gi, g in enumerate(self.groups):
             if g.behavior is None:
                 continue
@@ -221,9 +214,56 @@ class World:
                 raise ValueError(f"group {g.name!r}: behaviors shape counter values, not private bits (bernoulli)")
             glo, ghi = int(self.bounds[gi]), int(self.bounds[gi + 1])
             self._scripts.append((glo, ghi, g.behavior.bind(self.seed, gi, self.max_value)))
-            self.free[glo:ghi] = True
         self._mean = math.nan  # the previous round's mean value over the population (behaviors' Day.mean)
         self._source: Any = None  # values computed elsewhere (use_values)
+
+    @property
+    def levels(self) -> np.ndarray:
+        """Each held device's current level (the span's devices, in id order)."""
+        return self._hold()
+
+    @property
+    def sds(self) -> np.ndarray:
+        """Each held device's current per-round jitter sd."""
+        self._hold()
+        return self._sds
+
+    def _hold(self) -> np.ndarray:
+        """Build the per-device levels, sds and flags as of the changes applied so far (once)."""
+        if self._levels is not None:
+            return self._levels
+        lo, hi = self.span
+        self._levels = np.empty(hi - lo, dtype=np.float64)
+        self._sds = np.empty(hi - lo, dtype=np.float64)
+        self.binary = np.zeros(hi - lo, dtype=np.bool_)  # Bernoulli counters: the level is the probability
+        self.source = np.full(hi - lo, -1, dtype=np.int16)  # empirical data set of each device (-1: none)
+        self.free = np.zeros(hi - lo, dtype=np.bool_)  # devices whose base value a behavior shapes
+        for glo, ghi, _ in self._scripts:
+            self.free[glo - lo:ghi - lo] = True
+        for g in self.groups:
+            ids = self._held(self.group_ids(g.name))
+            at = ids - lo
+            self._levels[at] = g.counter.sample(stream_key(self.seed, Purpose.LEVEL, 0), ids, self.max_value)
+            self._sds[at] = g.jitter_sd
+            self.binary[at] = g.counter.kind == "bernoulli"
+            self._set_source(at, g.counter)
+        for number in range(1, self._applied + 1):
+            self._redraw(number)
+        return self._levels
+
+    def _redraw(self, number: int) -> None:
+        """The ``number``-th change (1-based, in round order) applied to the held devices it hits."""
+        ch = self.changes[number - 1]
+        ids = self.affected(number, held=True)
+        at = ids - self.span[0]
+        if ch.counter is not None:
+            self.binary[at] = ch.counter.kind == "bernoulli"
+            self._set_source(at, ch.counter)
+            levels = self._levels
+            assert levels is not None
+            levels[at] = ch.counter.sample(stream_key(self.seed, Purpose.LEVEL, number), ids, self.max_value)
+        if ch.jitter_sd is not None:
+            self._sds[at] = ch.jitter_sd
 
     def _held(self, ids: np.ndarray) -> np.ndarray:
         """The ids among sorted ``ids`` that this world holds (its span)."""
@@ -249,6 +289,7 @@ class World:
                 return
         if len(self._pools) == np.iinfo(self.source.dtype).max:
             raise ValueError(f"more than {len(self._pools)} data sets in one scenario")
+        assert dist.data is not None  # a "data" distribution always carries its values
         self._pools.append(dist.data)
         self.source[at] = len(self._pools) - 1
         self._pool = np.concatenate(self._pools).astype(np.float64)
@@ -283,15 +324,8 @@ class World:
         while self._applied < len(self.changes) and self.changes[self._applied].round <= day:
             ch = self.changes[self._applied]
             self._applied += 1
-            ids = self.affected(self._applied, held=True)
-            at = ids - self.span[0]
-            if ch.counter is not None:
-                self.binary[at] = ch.counter.kind == "bernoulli"
-                self._set_source(at, ch.counter)
-                self.levels[at] = ch.counter.sample(stream_key(self.seed, Purpose.LEVEL, self._applied), ids,
-                                                     self.max_value)
-            if ch.jitter_sd is not None:
-                self.sds[at] = ch.jitter_sd
+            if self._levels is not None:
+                self._redraw(self._applied)
             applied.append(ch)
         if applied:
             self._cache_day = -1
@@ -331,11 +365,12 @@ class World:
             self._cache_day = day
         if self._cache_day != day:
             lo, hi = self.span
+            self._hold()
             self._cache = np.empty(hi - lo, dtype=np.float64)
             key = np.uint64(stream_key(self.seed, Purpose.JITTER, day))
             pool = getattr(self, "_pool", np.zeros(1))
             offsets = getattr(self, "_offsets", np.zeros(2, np.int64))
-            self._clipped = int(_values_kernel(self.levels, self.sds, self.binary, self.source, pool, offsets, key,
+            self._clipped = int(_values_kernel(self._levels, self._sds, self.binary, self.source, pool, offsets, key,
                                                self.max_value, self.free, lo, self._cache))
             if self._scripts:
                 self._behave(day)
