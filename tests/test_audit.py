@@ -21,6 +21,7 @@ from scenarios import audit, cli, output, runner, schema
 SMALL = {
     "quickstart": ["population.devices=400", "rounds=6"],
     "app_usage_31d": ["population.devices=400", "rounds=16"],
+    "app_usage_3apps_31d": ["population.devices=600", "rounds=17"],
     "apps_multi": ["population.devices=300", "rounds=9"],
     "usage_histogram": ["population.devices=400", "rounds=11"],
     "thresh_stable": ["population.devices=1500", "rounds=154"],
