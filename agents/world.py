@@ -155,6 +155,9 @@ def _values_kernel(levels, sds, binary, source, pool, offsets, key, m, free, bas
     return counts.sum()
 
 
+_CHUNK = 1 << 22  # devices whose levels are drawn at once
+
+
 class World:
     """Counters of ``n`` devices over rounds 1, 2, ...; call :meth:`advance_to` at each round start. Each group's
     behaviors (``Group.behavior``) run in a copy of their own per world."""
@@ -186,7 +189,7 @@ class World:
                 raise ValueError("every group needs apps weights of the same length")
             self.split = np.empty((size, self.counters), dtype=np.float64)
             for g in self.groups:
-                ids = self._held(self.group_ids(g.name))
+                ids = self._held_ids(g.name)
                 u = np.stack([keyed.uniform(stream_key(seed, Purpose.SPLIT, j), ids) for j in range(self.counters)],
                              axis=1)
                 w = np.asarray(g.apps) * (0.5 + u)
@@ -196,7 +199,7 @@ class World:
             self.joins = np.empty(size, dtype=np.int64)
             self.leaves = np.empty(size, dtype=np.int64)
             for g in self.groups:
-                at = self._held(self.group_ids(g.name)) - lo
+                at = self._held_ids(g.name) - lo
                 self.joins[at] = g.joins
                 self.leaves[at] = g.leaves if g.leaves is not None else np.iinfo(np.int64).max
         self.day = 0
@@ -241,12 +244,14 @@ class World:
         for glo, ghi, _ in self._scripts:
             self.free[glo - lo:ghi - lo] = True
         for g in self.groups:
-            ids = self._held(self.group_ids(g.name))
-            at = ids - lo
-            self._levels[at] = g.counter.sample(stream_key(self.seed, Purpose.LEVEL, 0), ids, self.max_value)
-            self._sds[at] = g.jitter_sd
-            self.binary[at] = g.counter.kind == "bernoulli"
-            self._set_source(at, g.counter)
+            a, b = self._held_range(g.name)
+            self._sds[a - lo:b - lo] = g.jitter_sd
+            self.binary[a - lo:b - lo] = g.counter.kind == "bernoulli"
+            self._set_source(np.arange(a - lo, b - lo), g.counter)
+            for start in range(a, b, _CHUNK):  # keyed draws: the same in chunks, with bounded temporaries
+                ids = np.arange(start, min(start + _CHUNK, b), dtype=np.int64)
+                self._levels[ids - lo] = g.counter.sample(stream_key(self.seed, Purpose.LEVEL, 0), ids,
+                                                          self.max_value)
         for number in range(1, self._applied + 1):
             self._redraw(number)
         return self._levels
@@ -265,10 +270,14 @@ class World:
         if ch.jitter_sd is not None:
             self._sds[at] = ch.jitter_sd
 
-    def _held(self, ids: np.ndarray) -> np.ndarray:
-        """The ids among sorted ``ids`` that this world holds (its span)."""
-        lo, hi = self.span
-        return ids[np.searchsorted(ids, lo):np.searchsorted(ids, hi)]
+    def _held_range(self, name: str) -> tuple[int, int]:
+        """The ids a..b-1 of group ``name`` that this world holds (its span)."""
+        gi = self._index[name]
+        a, b = max(int(self.bounds[gi]), self.span[0]), min(int(self.bounds[gi + 1]), self.span[1])
+        return a, max(a, b)
+
+    def _held_ids(self, name: str) -> np.ndarray:
+        return np.arange(*self._held_range(name), dtype=np.int64)
 
     def use_values(self, source: Any) -> None:
         """Take every day's values from ``source(day) -> (values of all devices, clipped count)`` instead of
@@ -336,9 +345,7 @@ class World:
         devices, or the keyed ``fraction`` of them (``held``: only those this world holds). A pure function of the
         seed, so it can be asked after a run."""
         ch = self.changes[number - 1]
-        ids = self.group_ids(ch.group)
-        if held:
-            ids = self._held(ids)
+        ids = self._held_ids(ch.group) if held else self.group_ids(ch.group)
         if ch.fraction < 1.0:
             ids = ids[keyed.uniform(stream_key(self.seed, Purpose.AFFECTED, number), ids) < ch.fraction]
         return ids

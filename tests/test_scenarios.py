@@ -533,3 +533,16 @@ def test_a_span_sized_world_holds_and_computes_exactly_its_span_of_the_whole_wor
         assert sum(counts[:3]) == clipped  # the spans that partition the population: their clipping adds up
     with pytest.raises(ValueError, match="outside the population"):
         World(9, 3000, groups, changes, 260.0, span=(10, 3001))
+
+
+def test_levels_drawn_in_chunks_are_the_levels_drawn_at_once(monkeypatch):
+    """A world draws its levels a chunk of devices at a time (bounded temporaries at 100M devices): keyed draws
+    make every chunking give the same levels, in a span world too."""
+    import agents.world as world_module
+
+    groups = [Group("a", 0.55, Dist("normal", mean=100.0, sd=40.0, truncate=True)),
+              Group("b", 0.45, Dist("uniform", low=0.0, high=300.0), jitter_sd=3.0)]
+    whole = World(5, 1000, groups, [], 260.0).levels.copy()
+    monkeypatch.setattr(world_module, "_CHUNK", 7)
+    np.testing.assert_array_equal(World(5, 1000, groups, [], 260.0).levels, whole)
+    np.testing.assert_array_equal(World(5, 1000, groups, [], 260.0, span=(503, 777)).levels, whole[503:777])
