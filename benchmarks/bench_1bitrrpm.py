@@ -21,23 +21,13 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent))
 
 from scenarios import output, runner, schema  # noqa: E402
 
-
-def numpy_uniforms_per_second(n: int = 10_000_000, repeat: int = 5) -> float:
-    rng = np.random.default_rng(0)
-    out = np.empty(n)
-    best = float("inf")
-    for _ in range(repeat):
-        t = time.perf_counter()
-        rng.random(out=out)
-        best = min(best, time.perf_counter() - t)
-    return n / best
+from yardstick import numpy_uniforms_per_second  # benchmarks/yardstick.py
 
 
 def main() -> None:

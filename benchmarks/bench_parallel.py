@@ -23,20 +23,10 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
+
+from yardstick import numpy_uniforms_per_second  # benchmarks/yardstick.py
 
 ROOT = Path(__file__).resolve().parent
-
-
-def numpy_uniforms_per_second(n: int = 10_000_000, repeat: int = 5) -> float:
-    rng = np.random.default_rng(0)
-    out = np.empty(n)
-    best = float("inf")
-    for _ in range(repeat):
-        t = time.perf_counter()
-        rng.random(out=out)
-        best = min(best, time.perf_counter() - t)
-    return n / best
 
 
 def one(devices: int, rounds: int, cohort: int, workers: int) -> dict:

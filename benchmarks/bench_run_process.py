@@ -41,27 +41,14 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
+
+from yardstick import numpy_uniforms_per_second  # benchmarks/yardstick.py
 
 ROOT = Path(__file__).resolve().parent
 REPO = ROOT.parent
 SCENARIO = "app_usage_31d"
 #: what ``ldpsim run`` imports before it simulates (scenarios/cli.py: the module, then output and runner)
 PRE_SIMULATION_IMPORTS = "import scenarios.cli; from scenarios import output, runner"
-
-
-def numpy_uniforms_per_second(draws: int = 200_000_000, chunk: int = 25_000_000, repeat: int = 3) -> float:
-    """numpy's default generator, one thread: uniform doubles per second over ``draws`` draws (in chunks into
-    one preallocated array), best of ``repeat``."""
-    rng = np.random.default_rng()
-    out = np.empty(chunk)
-    best = float("inf")
-    for _ in range(repeat):
-        t = time.perf_counter()
-        for _ in range(draws // chunk):
-            rng.random(out=out)
-        best = min(best, time.perf_counter() - t)
-    return (draws // chunk) * chunk / best
 
 
 def ldpsim() -> list[str]:
