@@ -15,7 +15,8 @@ every device enforces whatever the collector asks, through the device's :class:`
 Anything refused is ignored and counted. Only then does the subclass answer (:meth:`GuardedDevices.answer`),
 every charge going through the same guard, which refuses a report the budget cannot pay.
 :class:`OneReportDevices` is the template of one report a round (1BitMean/1BitRRPM, the dBitFlip family,
-KFlip, Laplace, 1BitMulti, ToPS, and a plugin's); THRESH, EpochRR and ToPL subclass :class:`GuardedDevices`.
+KFlip, Laplace, 1BitMulti, ToPS, and a plugin's); :class:`OneEpochReportDevices` of the naive per-epoch
+baselines (EpochRR, EpochKRR); THRESH, HeavyTHRESH and ToPL subclass :class:`GuardedDevices`.
 """
 
 from __future__ import annotations
@@ -25,12 +26,13 @@ from typing import Any, ClassVar
 import numpy as np
 
 from protocols.base import MisuseError
-from protocols.guard import Guard
+from protocols import snapshot as snap
+from protocols.guard import Guard, Limits
 from protocols.ledger import Charge
 from protocols.messages import CollectionRequest, CollectorMessage, ReportBatch
 from protocols.snapshot import GuardedSnapshot
 
-__all__ = ["GuardedDevices", "OneReportDevices"]
+__all__ = ["GuardedDevices", "OneEpochReportDevices", "OneReportDevices"]
 
 
 class GuardedDevices(GuardedSnapshot):
@@ -100,3 +102,45 @@ class OneReportDevices(GuardedDevices):
         """The batch of the devices at ``rows`` (indices) for an accepted ``round_`` and its charges (through
         the guard, which refuses what the budget cannot pay)."""
         raise NotImplementedError
+
+
+class OneEpochReportDevices(GuardedDevices):
+    """The template of a naive per-epoch baseline (EpochRR, EpochKRR): epoch state kept on the device by a
+    mixin (:meth:`init_state`, :meth:`state_snapshot`, :meth:`state_restore`; it sets ``current``, ``valid``
+    and ``complete_epoch``), requests naming only the epoch just completed, and only the devices that observed
+    the whole epoch answering. Subclasses implement :meth:`answer`: one fresh report of the epoch."""
+
+    complete_epoch: int
+    valid: np.ndarray
+
+    def __init__(self, params: Any, seed: int, device_ids: np.ndarray, limits: Limits | None = None) -> None:
+        self.params, self.seed = params, int(seed)
+        self.device_ids = np.ascontiguousarray(device_ids, dtype=np.uint64)
+        self.init_state()
+        self.guard = Guard(self.device_ids, limits)
+
+    def init_state(self) -> None:
+        raise NotImplementedError
+
+    def state_snapshot(self) -> dict:
+        raise NotImplementedError
+
+    def state_restore(self, state: dict) -> None:
+        raise NotImplementedError
+
+    def snapshot(self) -> dict:
+        """The guard and the epoch state (protocols.snapshot)."""
+        return {**snap.header(self), "guard": self.guard.snapshot(), "epochs": self.state_snapshot()}
+
+    def restore(self, state: dict) -> None:
+        snap.check_header(state, self)
+        self.guard.restore(snap.field(state, "guard", dict))
+        self.state_restore(snap.field(state, "epochs", dict))
+
+    def current_round(self, day: int) -> int:
+        """A request may name only the epoch just completed."""
+        return self.complete_epoch
+
+    def eligible(self) -> np.ndarray:
+        """The devices that observed the whole epoch."""
+        return self.valid

@@ -16,13 +16,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from protocols import config
-from protocols import snapshot as snap
 from protocols.base import ProtocolParams, check_params
 from protocols.baselines import KFlipParams, estimate_kflip
 from protocols.collecting import ReportCollector
 from protocols.dbitflip import histogram
-from protocols.device import GuardedDevices
-from protocols.guard import Guarantee, Guard, Limits
+from protocols.device import OneEpochReportDevices
+from protocols.guard import Guarantee, Limits
 from protocols.heavythresh import (EpochHistograms, check_items, item_column, items_table, krr_variance, randomize,
                                    sample_items)
 from protocols.keyed import Purpose, stream_key
@@ -99,29 +98,20 @@ class EpochKRRParams:
         return np.sqrt(krr_variance(self.truth(values), reports, self.buckets, self.epoch_epsilon))
 
 
-class EpochKRRDevices(EpochHistograms, GuardedDevices):
+class EpochKRRDevices(EpochHistograms, OneEpochReportDevices):
     """Epoch item counts (as HeavyTHRESH's devices keep them) and one fresh report per epoch."""
 
-    def __init__(self, params: EpochKRRParams, seed: int, device_ids: np.ndarray, limits: Limits | None = None) -> None:
-        self.params, self.seed = params, int(seed)
-        self.device_ids = np.ascontiguousarray(device_ids, dtype=np.uint64)
-        self.init_histograms(self.device_ids.size, params.epoch_length, params.buckets, params.max_value)
-        self.guard = Guard(self.device_ids, limits)
+    params: EpochKRRParams
 
-    def snapshot(self) -> dict:
-        return {**snap.header(self), "guard": self.guard.snapshot(), "epochs": self.histogram_snapshot()}
+    def init_state(self) -> None:
+        p = self.params
+        self.init_histograms(self.device_ids.size, p.epoch_length, p.buckets, p.max_value)
 
-    def restore(self, state: dict) -> None:
-        snap.check_header(state, self)
-        self.guard.restore(snap.field(state, "guard", dict))
-        self.histogram_restore(snap.field(state, "epochs", dict))
+    def state_snapshot(self) -> dict:
+        return self.histogram_snapshot()
 
-    def current_round(self, day: int) -> int:
-        """A request may name only the epoch just completed."""
-        return self.complete_epoch
-
-    def eligible(self) -> np.ndarray:
-        return self.valid
+    def state_restore(self, state: dict) -> None:
+        self.histogram_restore(state)
 
     def answer(self, msg: CollectorMessage, values: np.ndarray, here: np.ndarray,
                now: float) -> tuple[ReportBatch | None, list[Charge]]:

@@ -16,12 +16,11 @@ import numpy as np
 
 from protocols import config
 from protocols import keyed
-from protocols import snapshot as snap
 from protocols.base import ProtocolParams, check_params
 from protocols.collecting import Column, ReportCollector
-from protocols.device import GuardedDevices
+from protocols.device import OneEpochReportDevices
 from protocols.epochs import EpochMeans
-from protocols.guard import Guarantee, Guard, Limits
+from protocols.guard import Guarantee, Limits
 from protocols.keyed import Purpose, stream_key
 from protocols.ledger import FRESH_REPORT, Charge
 from protocols.messages import CollectorMessage, ReportBatch
@@ -93,31 +92,19 @@ class EpochRRParams:
         return math.sqrt(mean_variance(values, self.epoch_epsilon, 1.0) * values.size / reports)
 
 
-class EpochRRDevices(EpochMeans, GuardedDevices):
+class EpochRRDevices(EpochMeans, OneEpochReportDevices):
     """Epoch sums of the private bits (as THRESH's devices keep them) and one fresh report per epoch."""
 
-    def __init__(self, params: EpochRRParams, seed: int, device_ids: np.ndarray, limits: Limits | None = None) -> None:
-        self.params, self.seed = params, int(seed)
-        self.device_ids = np.ascontiguousarray(device_ids, dtype=np.uint64)
-        self.init_epochs(self.device_ids.size, params.epoch_length)
-        self.guard = Guard(self.device_ids, limits)
+    params: EpochRRParams
 
-    def snapshot(self) -> dict:
-        """The guard and the epoch sums and means (protocols.snapshot)."""
-        return {**snap.header(self), "guard": self.guard.snapshot(), "epochs": self.epoch_snapshot()}
+    def init_state(self) -> None:
+        self.init_epochs(self.device_ids.size, self.params.epoch_length)
 
-    def restore(self, state: dict) -> None:
-        snap.check_header(state, self)
-        self.guard.restore(snap.field(state, "guard", dict))
-        self.epoch_restore(snap.field(state, "epochs", dict))
+    def state_snapshot(self) -> dict:
+        return self.epoch_snapshot()
 
-    def current_round(self, day: int) -> int:
-        """A request may name only the epoch just completed."""
-        return self.complete_epoch
-
-    def eligible(self) -> np.ndarray:
-        """The devices that observed the whole epoch."""
-        return self.valid
+    def state_restore(self, state: dict) -> None:
+        self.epoch_restore(state)
 
     def answer(self, msg: CollectorMessage, values: np.ndarray, here: np.ndarray,
                now: float) -> tuple[ReportBatch | None, list[Charge]]:
