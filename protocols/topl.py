@@ -13,8 +13,12 @@ Threshold choice (docs/algorithms.md section 4.3, adapted to many devices a roun
 rounds has E[len] = R/3 and E[len^2] = R^2/6 (both ~), so per device
 MSE(theta) = (R/3) Var_HM(theta)/r + (R^2/6) B(theta)^2, Var_HM(theta) = theta^2/4 x (HM's worst-case
 variance), B(theta) = sum_x f(x) max(x - theta, 0), with r the reports a round (the paper streams one value
-per time step, r = 1). Candidates are the EM domain's bin edges. Each report is charged its epsilon
-(event-level): the ledger states the cumulative per-device spend this implies.
+per time step, r = 1). MSE(theta) = (R/r) [Var_HM(theta)/3 + (R r/6) B(theta)^2], so theta depends on R x r
+only: the paper's theta for a stream of R x r values. Candidates are the EM domain's bin edges.
+``objective = "authors"`` weighs the two terms as the authors' published code does (variance x 4, squared
+bias / 4: :func:`range_mse`); ``integer = true`` evaluates B at the integers the unit-width bins hold instead
+of at bin centres (:func:`support_points`). Each report is charged its epsilon (event-level): the ledger
+states the cumulative per-device spend this implies.
 """
 
 from __future__ import annotations
@@ -49,22 +53,70 @@ def hm_bound(eps: float) -> float:
     return max((math.exp(eps / 2) + 1) / (math.exp(eps / 2) - 1), (math.exp(eps) + 1) / (math.exp(eps) - 1))
 
 
+OBJECTIVES = ("paper", "authors")
+
+
 def range_mse(theta: np.ndarray, density: np.ndarray, centers: np.ndarray, eps: float, rounds: int,
-              reports: int) -> np.ndarray:
-    """The optimizer's objective (module docstring) for each candidate theta, per device and round."""
+              reports: int, objective: str = "paper") -> np.ndarray:
+    """The optimizer's objective for each candidate theta, per device and round.
+
+    ``objective = "paper"`` (Wang et al. CCS 2021, section 4.1, Eq. 8, with the per-round aggregation of the
+    module docstring): (R/3) Var_HM(theta)/r + (R^2/6) B(theta)^2, where Var_HM(theta) = theta^2/4 x HM's
+    worst-case variance on [-1, 1] (the paper's Eq. 22, scaled from [-1, 1] to [0, theta]) and
+    B(theta) = sum_x f(x) max(x - theta, 0) with the mass of bin x at ``centers[x]``.
+
+    ``objective = "authors"``: the weighting of the authors' published code (``exact_mse`` in
+    percentile_estimator/sw_mse.py of the GitHub repository dp-cont/dp-cont), which writes the noise term as
+    (std x theta)^2 x n/3 with std^2 the worst-case variance on [-1, 1], i.e. without the 1/4 of the change of
+    scale (4 Var_HM), and the bias term as n^2/24 x B^2 instead of n^2/6. Here: (R/3) 4 Var_HM(theta)/r +
+    (R^2/24) B(theta)^2, so squared bias counts 16 times less against variance than in the paper's text, and
+    the minimizer is never larger (the objective is the paper's with B^2 weighed by 1/16, then scaled by 4).
+    The authors' code also evaluates B at its grid points rather than at bin centres; that difference is not
+    part of this option (see :func:`support_points` for exact integer support)."""
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {list(OBJECTIVES)}, got {objective!r}")
     theta = np.asarray(theta, dtype=np.float64)
     var = theta**2 / 4 * numeric.hm_worst_variance(eps) / max(reports, 1)
-    excess = np.maximum(centers[None, :] - theta[:, None], 0.0)
-    bias = excess @ (density / density.sum())
+    bias = truncation_bias(theta, density, centers)
+    if objective == "authors":
+        return rounds / 3 * 4 * var + rounds**2 / 24 * bias**2
     return rounds / 3 * var + rounds**2 / 6 * bias**2
 
 
-def choose_threshold(density: np.ndarray, max_value: float, eps: float, rounds: int, reports: int) -> float:
-    """theta among the bin edges of the density's domain [0, max_value] that minimizes :func:`range_mse`."""
+def truncation_bias(theta: np.ndarray, density: np.ndarray, support: np.ndarray) -> np.ndarray:
+    """B(theta) = sum_k f_k max(x_k - theta, 0) for each theta: the expected amount a value loses when it is
+    truncated to [0, theta], with the (normalized) mass f_k of bin k at ``support[k]`` (:func:`support_points`)."""
+    theta = np.asarray(theta, dtype=np.float64)
+    excess = np.maximum(np.asarray(support, dtype=np.float64)[None, :] - theta.reshape(-1)[:, None], 0.0)
+    return (excess @ (density / density.sum())).reshape(theta.shape)
+
+
+def support_points(bins: int, max_value: float, integer: bool = False) -> np.ndarray:
+    """Where the truncation bias B(theta) = sum_x f(x) max(x - theta, 0) puts each bin's mass.
+
+    Default: the bin centres (k + 1/2) max_value/bins, as for a density spread evenly over each bin.
+    ``integer``: the data are integers and the bins have unit width (bins == max_value), so bin k = [k, k + 1)
+    holds exactly the integer k, and its mass sits at k. At an integer theta the centres overstate B by
+    exactly 1/2 P(X >= theta) (every bin k >= theta adds 1/2, the bin of theta itself included, whose true
+    excess is 0); the exact value is the sum over the integer support. The top value max_value falls in the
+    last bin with max_value - 1 (the histogram's last bin is closed), so set max_value one above the data's
+    largest value to give it a bin of its own."""
+    if integer:
+        if bins != max_value:
+            raise ValueError(f"integer = true needs unit-width bins: bins must equal max_value, got bins = {bins}, "
+                             f"max_value = {max_value:g}")
+        return np.arange(bins, dtype=np.float64)
+    return (np.arange(bins) + 0.5) * (max_value / bins)
+
+
+def choose_threshold(density: np.ndarray, max_value: float, eps: float, rounds: int, reports: int,
+                     objective: str = "paper", integer: bool = False) -> float:
+    """theta among the bin edges of the density's domain [0, max_value] that minimizes :func:`range_mse`, with
+    the bias evaluated at :func:`support_points`."""
     d = density.size
     edges = np.arange(1, d + 1) * (max_value / d)
-    centers = (np.arange(d) + 0.5) * (max_value / d)
-    return float(edges[int(np.argmin(range_mse(edges, density, centers, eps, rounds, reports)))])
+    centers = support_points(d, max_value, integer)
+    return float(edges[int(np.argmin(range_mse(edges, density, centers, eps, rounds, reports, objective)))])
 
 
 @functools.lru_cache(maxsize=64)
@@ -127,6 +179,8 @@ class ToplParams:
     method: str = "sw-w"  # "sw-w", "ems", or "oracle" (the true density, a reference baseline)
     bins: int = 1024
     rethreshold_at: tuple[int, ...] = ()  # extra threshold rounds on demand (published, like the period)
+    objective: str = "paper"  # the optimizer's weighting: "paper" (Eq. 8) or "authors" (their code): range_mse
+    integer: bool = False  # integer data on unit-width bins: truncation bias at the integers (support_points)
 
     kind = "stream"
 
@@ -149,7 +203,8 @@ class ToplParams:
         if self.method == "oracle":
             collector.oracle_values = x.copy()
         dens = np.histogram(x, bins=self.bins, range=(0, self.max_value))[0].astype(np.float64)
-        return {"oracle_theta": choose_threshold(dens, self.max_value, self.epsilon, self.rounds, self.devices)}
+        return {"oracle_theta": choose_threshold(dens, self.max_value, self.epsilon, self.rounds, self.devices,
+                                                 self.objective, self.integer)}
 
     def broadcast_stages(self, t: int) -> int:
         """Collector broadcasts in round t: a threshold round has the holdout's request, then the threshold."""
@@ -163,7 +218,8 @@ class ToplParams:
     @classmethod
     def from_table(cls, name: str, table: "config.Table", ctx: "config.Context") -> "ToplParams":
         """[protocol] keys: epsilon, threshold_epsilon, max_value, holdout, rethreshold_every, rethreshold_at,
-        method, bins."""
+        method, bins, objective ("paper" or "authors", :func:`range_mse`), integer (true: integer data on
+        unit-width bins, bins == max_value; :func:`support_points`)."""
         epsilon = config.epsilon(table)
         max_value = table.get("max_value", float, check=config.positive, what="> 0")
         share = config.holdout_share(table, ctx.devices)
@@ -171,13 +227,19 @@ class ToplParams:
         on_demand = table.get("rethreshold_at", list, [], check=lambda v: all(
             isinstance(r, int) and not isinstance(r, bool) and 1 <= r <= rounds for r in v),
             what=f"an array of rounds in [1, {rounds}]")
+        bins = table.get("bins", int, 1024, check=lambda v: 16 <= v <= 4096, what="an integer in [16, 4096]")
+        integer = table.get("integer", bool, False)
+        if integer and bins != max_value:
+            raise table.fail("integer", f"true needs unit-width bins (protocol.bins equal to protocol.max_value), "
+                                        f"got bins = {bins}, max_value = {max_value:g}")
         return cls(
             name, epsilon, config.epsilon(table, "threshold_epsilon", epsilon), max_value, share,
             table.get("rethreshold_every", int, 0, check=lambda v: v >= 0, what="an integer >= 0 (0: never)"),
             rounds, ctx.devices,
             table.get("method", str, "sw-w", check=lambda v: v in METHODS, what=f"one of {list(METHODS)}"),
-            table.get("bins", int, 1024, check=lambda v: 16 <= v <= 4096, what="an integer in [16, 4096]"),
-            tuple(sorted(set(on_demand))))
+            bins, tuple(sorted(set(on_demand))),
+            table.get("objective", str, "paper", check=lambda v: v in OBJECTIVES, what=f"one of {list(OBJECTIVES)}"),
+            integer)
 
     def __post_init__(self) -> None:
         check_params(self.epsilon, self.max_value)
@@ -186,6 +248,11 @@ class ToplParams:
             raise ValueError(f"protocol.holdout must be a share in (0, 1), got {self.holdout}")
         if self.method not in METHODS:
             raise ValueError(f"protocol.method must be one of {METHODS}, got {self.method!r}")
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"protocol.objective must be one of {list(OBJECTIVES)}, got {self.objective!r}")
+        if self.integer and self.bins != self.max_value:
+            raise ValueError(f"protocol.integer = true needs unit-width bins: bins must equal max_value, got "
+                             f"bins = {self.bins}, max_value = {self.max_value:g}")
 
     @property
     def round_epsilon(self) -> float:
@@ -428,7 +495,7 @@ class ToplCollector(StagedCollector):
         version = len(self.thetas) + 1
         theta = self.pinned.get(version)
         if theta is None:
-            theta = choose_threshold(dens, p.max_value, p.epsilon, p.rounds, self.n_devices)
+            theta = choose_threshold(dens, p.max_value, p.epsilon, p.rounds, self.n_devices, p.objective, p.integer)
         self.thetas[version] = theta
         self.history.append((self.round, theta))
         return "report", self.boundary_message("report", deadline)
