@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import numba as nb
 import numpy as np
 from numpy.typing import DTypeLike
 
@@ -50,6 +51,28 @@ class Column:
             if self.high is not None and col.max() > self.high:
                 raise ProtocolError(f"column {self.name!r} holds {col.max()} > {self.high}")
         return col.astype(want, copy=False).reshape(col.shape[0], self.width)
+
+
+@nb.njit(cache=True)
+def _claim(present, ids):  # pragma: no cover (compiled)
+    """Mark devices ``ids`` present and return 0; or mark none and return 1 if one of them already is, 2 if the
+    ids are not strictly increasing within [0, len(present))."""
+    for i in range(ids.shape[0]):
+        if ids[i] < 0 or ids[i] >= present.shape[0] or (i > 0 and ids[i] <= ids[i - 1]):
+            return 2
+        if present[ids[i]]:
+            return 1
+    for i in range(ids.shape[0]):
+        present[ids[i]] = True
+    return 0
+
+
+@nb.njit(cache=True)
+def _scatter(data, ids, col):  # pragma: no cover (compiled)
+    """data[ids[i], :] = col[i, :]."""
+    for i in range(ids.shape[0]):
+        for j in range(col.shape[1]):
+            data[ids[i], j] = col[i, j]
 
 
 class ReportCollector:
@@ -109,12 +132,20 @@ class ReportCollector:
         lo, hi = int(ids[0]), int(ids[-1])
         if hi >= self.n_devices:
             raise ProtocolError(f"device id {hi} is not registered (population {self.n_devices})")
-        where = slice(lo, hi + 1) if hi - lo + 1 == ids.size else ids  # contiguous ids (cohorts): a view
-        if np.any(self._present[where]):
-            raise ProtocolError("batch repeats a device that already reported this round")
-        self._present[where] = True
-        for name, col in cols.items():
-            self._data[name][where] = col
+        if hi - lo + 1 == ids.size:  # contiguous ids (cohorts): views
+            if np.any(self._present[lo:hi + 1]):
+                raise ProtocolError("batch repeats a device that already reported this round")
+            self._present[lo:hi + 1] = True
+            for name, col in cols.items():
+                self._data[name][lo:hi + 1] = col
+        else:  # one pass each instead of numpy's gather, scatter and scatter (a third of a round's serial work)
+            claimed = _claim(self._present, ids)
+            if claimed == 2:
+                raise ProtocolError("batch devices must be strictly increasing registered ids")
+            if claimed == 1:
+                raise ProtocolError("batch repeats a device that already reported this round")
+            for name, col in cols.items():
+                _scatter(self._data[name], ids, col)
         return int(ids.size)
 
     def close_round(self) -> RoundResult:

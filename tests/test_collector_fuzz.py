@@ -358,3 +358,26 @@ def test_collector_process_unit():
     assert "repeats a device" in first[1][1]["reason"]
     assert all(kw["kind"] == "wire" and "not valid msgpack" in kw["reason"] for _, kw in first[2:])
     assert [kw["reason"] for _, kw in second] == ["empty message"] * 3
+
+
+def test_a_batch_handed_in_without_the_wire_is_checked_whole_before_any_of_it_is_taken():
+    """ReportCollector.receive is a trust boundary even for in-process callers that skip the wire decoder (which
+    already refuses unordered ids): unordered, repeated or unregistered ids, and a device that already reported,
+    are refused whole, leaving the round exactly as it was."""
+    from protocols.base import ProtocolError
+
+    p = OneBitParams(PROTOCOL, epsilon=1.0, max_value=86400.0, granularity=3600.0)
+    col = OneBitCollector(p, 100)
+    col.request(1, 3600.0)
+
+    def batch(ids):
+        ids = np.asarray(ids, dtype=np.uint32)
+        return ReportBatch(1, PROTOCOL, ids, {"bit": np.ones(ids.size, dtype=np.uint8)})
+
+    assert col.receive(batch([3, 5, 9])) == 3
+    for bad, reason in [([10, 2], "strictly increasing"), ([11, 11], "strictly increasing"),
+                        ([12, 100], "registered"), ([20, 5], "strictly increasing"), ([9, 21], "repeats a device"),
+                        ([5, 6], "repeats a device")]:
+        with pytest.raises(ProtocolError, match=reason):
+            col.receive(batch(bad))
+    assert col.close_round().reports == 3  # nothing of the refused batches was taken
