@@ -24,21 +24,48 @@ from protocols.keyed import Purpose, stream_key
 
 
 @nb.njit(cache=True)
+def _delay(latency, jitter, u):
+    """The delay of a report whose keyed latency draw is u: latency - jitter log(1 - u)."""
+    return latency - jitter * math.log1p(-u)
+
+
+@nb.njit(cache=True)
+def _on_time_band(latency, jitter, time_left):
+    """(u_lo, u_hi): a latency draw u < u_lo is on time and u >= u_hi late, both checked on :func:`_delay`
+    itself (which rises with u); only draws in between need the logarithm to be told apart."""
+    if not time_left > latency:
+        return 0.0, 0.0  # every delay is at least the latency
+    u_star = -math.expm1(-(time_left - latency) / jitter)
+    u_lo, u_hi = u_star * (1.0 - 1e-9), min(u_star * (1.0 + 1e-9) + 1e-300, 1.0)
+    while u_lo > 0.0 and not _delay(latency, jitter, u_lo) < time_left:
+        u_lo *= 0.5
+    while u_hi < 1.0 and not _delay(latency, jitter, u_hi) >= time_left:
+        u_hi = min(u_hi + (1.0 - u_hi) * 0.5 + 1e-300, 1.0)
+    return u_lo, u_hi
+
+
+@nb.njit(cache=True)
 def _fate_kernel(ids, loss_key, latency_key, loss, latency, jitter, time_left, fate):
     """fate[i]: 0 lost, 1 on time, 2 late, each report by its keyed loss draw (kept when u >= loss) and keyed
-    exponential delay latency - jitter log(1 - u); returns the largest on-time and late delays."""
-    on_max, late_max = 0.0, 0.0
+    exponential delay latency - jitter log(1 - u); returns the largest on-time and late delays (0 when none).
+    The delay rises with u, so the deadline splits the draws at one point and the largest delay is that of the
+    largest draw: one logarithm per batch, not one per report, except for draws within 1e-9 of the split."""
+    u_lo, u_hi = _on_time_band(latency, jitter, time_left)
+    on_u, late_u = -1.0, -1.0
     for i in range(ids.shape[0]):
         if loss > 0.0 and keyed.uniform1(loss_key, ids[i]) < loss:
             fate[i] = 0
             continue
-        delay = latency - jitter * math.log1p(-keyed.uniform1(latency_key, ids[i]))
-        if delay < time_left:
+        u = keyed.uniform1(latency_key, ids[i])
+        on = u < u_lo or (u < u_hi and _delay(latency, jitter, u) < time_left)
+        if on:
             fate[i] = 1
-            on_max = max(on_max, delay)
+            on_u = max(on_u, u)
         else:
             fate[i] = 2
-            late_max = max(late_max, delay)
+            late_u = max(late_u, u)
+    on_max = _delay(latency, jitter, on_u) if on_u >= 0.0 else 0.0
+    late_max = _delay(latency, jitter, late_u) if late_u >= 0.0 else 0.0
     return on_max, late_max
 
 

@@ -115,3 +115,25 @@ def test_network_fates_are_the_keyed_loss_and_exponential_delay_of_each_report()
         assert np.array_equal(fate.on_time, np.flatnonzero(on)) and np.array_equal(fate.late, np.flatnonzero(late))
         assert (fate.on_time_delay, fate.late_delay) == (delay[on].max(), delay[late].max())
         assert fate.lost == np.count_nonzero(~keep) > 0 and late.any()
+
+
+@pytest.mark.parametrize("jitter", [1e-3, 0.5, 50.0])
+def test_network_fates_at_a_deadline_that_falls_exactly_on_a_report_are_the_formula_s(jitter):
+    """The fate kernel tells draws apart by a precomputed split point and takes the logarithm only near it and
+    once for each batch's slowest report: at deadlines exactly on a report's delay, at the base latency and just
+    after it, on time and late are still exactly those of the formula, as are the slowest delays."""
+    from collector.network import Network, NetworkParams
+    from protocols import keyed
+    from protocols.keyed import Purpose, stream_key
+
+    p = NetworkParams(latency=0.05, jitter=jitter, loss=0.05)
+    net = Network(None, p, 11)  # type: ignore[arg-type]  (fates need no SimPy environment)
+    ids = np.arange(5, 60_000, 7, dtype=np.uint64)
+    keep = keyed.uniform(stream_key(11, Purpose.LOSS, 2), ids) >= p.loss
+    delay = p.latency - p.jitter * np.log1p(-keyed.uniform(stream_key(11, Purpose.LATENCY, 2), ids))
+    for time_left in (*np.sort(delay[keep])[[0, 1, 100, 4000, -2, -1]], p.latency, np.nextafter(p.latency, 1.0)):
+        fate = net.fate(ids, 2, float(time_left))
+        on, late = keep & (delay < time_left), keep & (delay >= time_left)
+        assert np.array_equal(fate.on_time, np.flatnonzero(on)) and np.array_equal(fate.late, np.flatnonzero(late))
+        assert fate.on_time_delay == (delay[on].max() if on.any() else 0.0)
+        assert fate.late_delay == (delay[late].max() if late.any() else 0.0)
