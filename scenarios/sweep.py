@@ -265,6 +265,13 @@ def plan(spec: str, grid_args: list[str], repeat: str | int | None = None, worke
     else:
         n_workers = min(2, os.cpu_count() or 1)
     overrides = list(overrides or [])
+    for item in overrides:  # a --set under a swept key would be silently replaced by the grid's values
+        key = item.split("=", 1)[0].strip()
+        for g in grid:
+            gk = g.strip()
+            if key == gk or key.startswith(gk + ".") or gk.startswith(key + "."):
+                raise ScenarioError(f"--set {key}: the grid sets {g.strip()!r} at every point, which would replace "
+                                    f"it; vary it with --grid instead (or edit the study file)")
     base = apply_overrides(data, overrides)
     seed = base.get("seed", 0)
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:

@@ -32,7 +32,9 @@ COUNTERS = 'population.groups.0.counter={dist="constant",value=12},{dist="unifor
 
 def sweep_cli(out: Path, *extra: str, grid: list[str] = GRID, repeat: str | None = "2",
               scenario: str = "quickstart") -> int:
-    args = ["sweep", scenario, *grid, "--out", str(out), "--quiet", *SMALL, *extra]
+    swept = {g.split("=", 1)[0].strip() for g in grid[1::2]}
+    small = [x for k, v in zip(SMALL[::2], SMALL[1::2]) if v.split("=", 1)[0] not in swept for x in (k, v)]
+    args = ["sweep", scenario, *grid, "--out", str(out), "--quiet", *small, *extra]
     return main(args + (["--repeat", repeat] if repeat is not None else []))
 
 
@@ -603,3 +605,14 @@ protocol = [{ name = "1bitmean", epsilon = 1.0, max_value = 3600 }, { name = "la
         rows = list(csv.DictReader(f))
     assert [r["run_protocol"] for r in rows] == ["1bitmean", "laplace"]
     assert rows[0]["protocol"] != rows[1]["protocol"]
+
+
+def test_a_set_under_a_swept_key_is_refused_rather_than_silently_replaced_by_the_grid(tmp_path):
+    """``--set population.devices=...`` on a sweep whose grid varies population.devices (or a whole table that
+    holds the key) would be overwritten at every grid point: the sweep refuses it in one line naming both."""
+    with pytest.raises(ScenarioError, match=r"--set population\.devices: the grid sets 'population\.devices'"):
+        sweep.plan("quickstart", ["population.devices=100,200"], repeat=1, overrides=["population.devices=50"])
+    with pytest.raises(ScenarioError, match=r"--set protocol\.epsilon: the grid sets 'protocol'"):
+        sweep.plan("quickstart", ['protocol ={name = "1bitmean", epsilon = 1.0, max_value = 86400}'], repeat=1,
+                   overrides=["protocol.epsilon=2"])
+    assert sweep.plan("quickstart", ["protocol.epsilon=1,2"], repeat=1, overrides=["rounds=3"]).base["rounds"] == 3

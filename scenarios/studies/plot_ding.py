@@ -24,7 +24,6 @@ import csv
 import dataclasses
 import json
 import math
-import sys
 from collections import defaultdict
 from fractions import Fraction
 from pathlib import Path
@@ -306,7 +305,9 @@ def write_tables(study: Study, out: Path) -> None:
 
 
 def main() -> None:
-    path = Path(sys.argv[1] if len(sys.argv) > 1 else "docs/ding_mean")
+    from study_args import study_dir  # scenarios/studies/study_args.py (run as a script)
+
+    path = study_dir(__doc__, "results.csv")
     study = Study(path)
     eps1 = min(study.epss, key=lambda e: abs(math.log(e)))
     figure(study, "n", eps1, path / "fig_vs_n.png")

@@ -19,7 +19,6 @@ from __future__ import annotations
 import csv
 import json
 import math
-import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -224,7 +223,9 @@ def plot(path: Path) -> list[Path]:
 
 
 def main() -> None:
-    path = Path(sys.argv[1] if len(sys.argv) > 1 else "docs/ding_patterns")
+    from study_args import study_dir  # scenarios/studies/study_args.py (run as a script)
+
+    path = study_dir(__doc__, "results.csv")
     plot(path)
     print((path / "summary_table.md").read_text(encoding="utf-8"))
 

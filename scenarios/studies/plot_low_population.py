@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import csv
 import math
-import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -110,13 +109,14 @@ def spend(cells, out: Path) -> None:
     ds = sorted({k[2] for k in cells})
     fig, ax = plt.subplots(figsize=(6.5, 3.8))
     width = 0.8 / len(DISTS)
+    n = 10_000 if any(k[0] == 10_000 for k in cells) else max(k[0] for k in cells)  # the study's n, or the largest
     for i, dist in enumerate(DISTS):
-        ratio = [np.mean([x["epsilon_mean"] / eps for n in (10_000,) for x in cells[(n, eps, d, dist)]])
+        ratio = [np.mean([x["epsilon_mean"] / eps for x in cells.get((n, eps, d, dist), [])] or [np.nan])
                  for d in ds for eps in epss[:1]]
         ax.bar(np.arange(len(ds)) + i * width, ratio, width, label=dist)
     ax.set_xticks(np.arange(len(ds)) + width, [f"d = {d}" for d in ds])
     ax.set_ylabel("mean spend / ε (distinct reports revealed)")
-    ax.set_title("memoized reports revealed per device over 4 rounds (n = 10,000)", fontsize=10)
+    ax.set_title(f"memoized reports revealed per device over 4 rounds (n = {n:,})", fontsize=10)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=100)
@@ -124,7 +124,9 @@ def spend(cells, out: Path) -> None:
 
 
 def main() -> None:
-    path = Path(sys.argv[1] if len(sys.argv) > 1 else "docs/low_population")
+    from study_args import study_dir  # scenarios/studies/study_args.py (run as a script)
+
+    path = study_dir(__doc__, "results.csv")
     cells = load(path)
     HISTS.update(study_histograms())
     facet(cells, "error_hist_max_abs", "max bucket error", path / "fig_hist_max_abs.png", theory=True)

@@ -10,7 +10,6 @@ the oracle's) and summary_table.md.
 from __future__ import annotations
 
 import json
-import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -25,7 +24,9 @@ METHODS = {"sw-w": ("SW-W (EM + pruning)", "tab:red"), "ems": ("SW with EMS", "t
 
 
 def main() -> None:
-    path = Path(sys.argv[1] if len(sys.argv) > 1 else "docs/topl_pos")
+    from study_args import study_dir  # scenarios/studies/study_args.py (run as a script)
+
+    path = study_dir(__doc__, "runs.jsonl")
     rows = [json.loads(line) for line in open(path / "runs.jsonl", encoding="utf-8")]
     cells: dict[tuple[str, float], list[dict]] = defaultdict(list)
     for r in rows:

@@ -11,14 +11,13 @@
    devices and collector use). Shown, as in the paper, as the mean of each of 120 equal intervals.
 
 Writes fig9_dns.png, fig9_stream.csv (both series) and fig9_summary.json (thresholds, range-query MSE against
-the all-zero answer). Deterministic (seed 2021); about 15 s, so it is rerun whole rather than resumed.
+the all-zero answer). Deterministic (seed 2021); a few seconds, so it is rerun whole rather than resumed.
 """
 
 from __future__ import annotations
 
 import csv
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -74,7 +73,9 @@ def replayed() -> dict:
 
 
 def main() -> None:
-    out = Path(sys.argv[1] if len(sys.argv) > 1 else "docs/topl_fig9")
+    from study_args import study_dir  # scenarios/studies/study_args.py (run as a script)
+
+    out = study_dir(__doc__)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     sim, rep = simulated(), replayed()

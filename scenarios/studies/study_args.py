@@ -1,0 +1,24 @@
+"""The one command-line argument of the study scripts here: the study's directory (--help prints the script's
+docstring). A plot script needs the sweep's output in it and says so in one line when it is missing."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def study_dir(doc: str | None, needs: str | None = None) -> Path:
+    """The directory named on the command line; with ``needs``, a file that must already be in it."""
+    lines = (doc or "").strip().splitlines()
+    ap = argparse.ArgumentParser(description=lines[0] if lines else None, epilog="\n".join(lines[1:]),
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("directory", type=Path, help="the study's directory" + (f" (holding {needs})" if needs else ""))
+    path: Path = ap.parse_args().directory
+    if needs and not (path / needs).is_file():
+        ap.exit(2, f"{ap.prog}: error: {path / needs} not found: run the study's sweep into {path} first\n")
+    return path
+
+
+if __name__ == "__main__":
+    sys.exit("a helper of the study scripts; run one of them")
