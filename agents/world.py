@@ -355,6 +355,7 @@ class World:
         if not self.churn:
             return None
         at = np.asarray(ids) - self.span[0]
+        self._check_held(at)
         return (self.joins[at] <= self.day) & (self.day < self.leaves[at])
 
     def values(self, ids: np.ndarray, day: int | None = None) -> tuple[np.ndarray, int]:
@@ -388,6 +389,7 @@ class World:
         at = ids - self.span[0]
         where = (slice(int(at[0]), int(at[-1]) + 1) if at.size and at.ndim == 1
                  and int(at[-1]) - int(at[0]) + 1 == at.size else at)
+        self._check_held(at[[0, -1]] if isinstance(where, slice) else at)
         if self.counters is not None:  # (devices, c): the day's total split over the apps
             return self._cache[where][:, None] * self.split[where], self._clipped
         return self._cache[where], self._clipped
@@ -396,7 +398,13 @@ class World:
         """The current day's values of devices lo..hi-1 before any split over apps (one total per device, what
         :meth:`values` splits), and the clipped count: what a shard hands the run's world (agents/shard.py)."""
         _, clipped = self.values(np.empty(0, dtype=np.int64))
+        self._check_held(np.array([lo, hi - 1]) - self.span[0] if hi > lo else np.empty(0, np.int64))
         return self._cache[lo - self.span[0]:hi - self.span[0]], clipped
+
+    def _check_held(self, at: np.ndarray) -> None:
+        """Refuse positions outside this world's span (ids of devices another shard holds)."""
+        if at.size and (int(at.min()) < 0 or int(at.max()) >= self.span[1] - self.span[0]):
+            raise IndexError(f"device ids outside this world's span [{self.span[0]}, {self.span[1]})")
 
     def _behave(self, day: int) -> None:
         """The groups' behaviors on ``day``: their base values (unclipped in the cache) shaped, then clipped

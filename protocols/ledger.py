@@ -70,7 +70,7 @@ def quantiles(ordered: np.ndarray, qs: tuple[float, ...]) -> np.ndarray:
 def _replace_sorted(order, drop, counts, add):  # pragma: no cover (compiled)
     """``order`` (sorted) with ``counts[j]`` copies of each ``drop[j]`` (sorted, all present) taken out and the
     sorted ``add`` merged in: one pass, the sorted multiset that np.delete then np.insert would give."""
-    out = np.empty(order.size - counts.sum() + add.size, dtype=order.dtype)
+    out = np.empty(order.size + add.size, dtype=order.dtype)  # the most it can hold: never written past
     j, a, k = 0, 0, 0
     left = counts[0] if counts.size else 0
     for i in range(order.size):
@@ -91,7 +91,9 @@ def _replace_sorted(order, drop, counts, add):  # pragma: no cover (compiled)
         out[k] = add[a]
         k += 1
         a += 1
-    return out
+    if j != drop.size:
+        raise ValueError("a value to drop is not in the order")
+    return out[:k]
 
 
 class _SpendOrder:

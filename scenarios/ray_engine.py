@@ -141,7 +141,7 @@ class ShardActor:
             return out
         if op == "values":
             shard.world.advance_to(int(args[0]))
-            values, clipped = shard.world.values(np.arange(self.lo, self.hi))
+            values, clipped = shard.world.totals(self.lo, self.hi)  # before any split over apps
             return (np.ascontiguousarray(values), int(clipped)) if reply else None
         raise ValueError(f"unknown command {op!r}")
 

@@ -148,3 +148,15 @@ def test_the_spend_distribution_kept_in_order_equals_numpy_quantiles_round_after
             assert (h["min"], h["max"]) == (spend.min(), spend.max())
             kept += ledger._order.order is not None
     assert kept > 100  # the kept order was exercised, not only numpy's fallback
+
+
+def test_the_sorted_spend_merge_refuses_to_drop_a_value_it_does_not_hold():
+    """The one-pass merge behind the ledger's sorted spend (protocols.ledger._replace_sorted) never writes past
+    its output: asked to drop a value the order lacks, it raises instead of corrupting memory."""
+    from protocols.ledger import _replace_sorted
+
+    order = np.array([1.0, 2.0, 3.0])
+    got = _replace_sorted(order, np.array([2.0]), np.array([1], dtype=np.int64), np.array([2.5, 9.0]))
+    assert got.tolist() == [1.0, 2.5, 3.0, 9.0]
+    with pytest.raises(ValueError, match="not in the order"):
+        _replace_sorted(order, np.array([2.5]), np.array([1], dtype=np.int64), np.array([9.0]))

@@ -57,6 +57,18 @@ def test_topl_on_two_ray_shards_runs_exactly_what_one_process_runs(ray):
     assert [s["restarts"] for s in result.extra["worker_stats"]] == [0.0, 0.0]
 
 
+def test_a_multi_app_scenario_on_two_ray_shards_has_the_truth_and_digests_of_one_process(ray):
+    """Shards hand back each device's total before its split over apps (World.totals): the run's own world
+    splits it once, so the per-app truth and the digests are those of the single-process run."""
+    from scenarios import ray_engine
+
+    extra = ("rounds=3", "population.groups.1.joins=2")
+    result = runner.run(_load("apps_multi", *extra), engine=ray_engine.engine(shards=2))
+    one = runner.run(_load("apps_multi", *extra))
+    assert output.summary(result)["digests"] == output.summary(one)["digests"]
+    assert [list(r.truth) for r in result.rounds] == [list(r.truth) for r in one.rounds]
+
+
 def _until_restarted(ray, actor, timeout: float = 60.0) -> None:
     """Wait until Ray has restarted ``actor`` (a fresh one has run no command)."""
     deadline = time.monotonic() + timeout

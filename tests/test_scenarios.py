@@ -546,3 +546,19 @@ def test_levels_drawn_in_chunks_are_the_levels_drawn_at_once(monkeypatch):
     monkeypatch.setattr(world_module, "_CHUNK", 7)
     np.testing.assert_array_equal(World(5, 1000, groups, [], 260.0).levels, whole)
     np.testing.assert_array_equal(World(5, 1000, groups, [], 260.0, span=(503, 777)).levels, whole[503:777])
+
+
+def test_a_span_world_refuses_devices_it_does_not_hold():
+    """A shard's world answers for its own span only: ids of another shard's devices are an error, not the values
+    of whichever devices sit at those positions."""
+    groups = [Group("a", 1.0, Dist("uniform", low=0.0, high=300.0), leaves=5)]
+    part = World(4, 1000, groups, [], 260.0, span=(100, 200))
+    part.advance_to(1)
+    assert part.values(np.arange(100, 200))[0].size == 100 and part.totals(150, 200)[0].size == 50
+    for bad in (np.arange(50, 53), np.arange(190, 210), np.array([150, 99])):
+        with pytest.raises(IndexError, match=r"outside this world's span \[100, 200\)"):
+            part.values(bad)
+        with pytest.raises(IndexError, match="outside this world's span"):
+            part.present(bad)
+    with pytest.raises(IndexError, match="outside this world's span"):
+        part.totals(150, 250)
