@@ -34,11 +34,16 @@ import numpy as np
 
 from protocols.ledger import Charge
 
-__all__ = ["ProcessShards", "WorkerError", "resolve_workers", "split_cohorts", "AUTO_DEVICE_ROUNDS"]
+__all__ = ["ProcessShards", "WorkerError", "resolve_workers", "split_cohorts", "AUTO_DEVICE_ROUNDS", "AUTO_MIN_CORES"]
 
-#: ``workers = 0`` (auto): one worker per available core when devices x rounds is at least this, else none
-#: (a worker costs about a second to start: below this size the run is over sooner in one process).
+#: ``workers = 0`` (auto): one worker per available core when devices x rounds is at least this and there are at
+#: least :data:`AUTO_MIN_CORES` cores, else none (a worker costs about a second to start: below this size the run
+#: is over sooner in one process).
 AUTO_DEVICE_ROUNDS = 20_000_000
+#: On 2 cores the run's own process already computes the world's values on both, and its serial work (storing
+#: reports, closing rounds, the ledger) is a third of a 1BitRRPM run: 3M x 31 took 7.0-7.3 s in one process
+#: against 8.5-9.0 s on 2 workers (benchmarks/bench_parallel.py), so auto runs in one process below 4 cores.
+AUTO_MIN_CORES = 4
 
 _LEN = struct.Struct(">Q")
 
@@ -58,7 +63,8 @@ def resolve_workers(workers: int, devices: int, rounds: int, cohorts: int) -> in
     """The worker processes of a run: ``workers`` (0: auto, see :data:`AUTO_DEVICE_ROUNDS`), never more than its
     cohorts; 1 means the cohorts run in the run's own process."""
     if workers == 0:
-        workers = available_cores() if devices * rounds >= AUTO_DEVICE_ROUNDS else 1
+        cores = available_cores()
+        workers = cores if devices * rounds >= AUTO_DEVICE_ROUNDS and cores >= AUTO_MIN_CORES else 1
     return max(1, min(int(workers), int(cohorts)))
 
 

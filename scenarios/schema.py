@@ -316,7 +316,7 @@ def parse(data: dict[str, Any]) -> Scenario:
         cohort_size=st.get("cohort_size", int, 10_000, check=lambda v: v >= 1, what="an integer >= 1"),
         round_seconds=st.get("round_seconds", float, 86_400.0, check=_positive, what="> 0"),
         workers=st.get("workers", int, 0, check=lambda v: 0 <= v <= 1024,
-                       what="an integer in [0, 1024] (0: one per core for large runs)"),
+                       what="an integer in [0, 1024] (0: one per core for large runs on 4+ cores)"),
     )
     st.done()
     for i, at_time in change_times.items():  # a change at a simulated time: from the first round starting then

@@ -40,10 +40,16 @@ def test_two_workers_run_exactly_what_one_process_runs(name, extra):
     assert _run(name, 1, 700, *extra)[0]["digests"] == two[0]["digests"]  # other cohorts: the same digests
 
 
-def test_workers_resolve_to_the_cores_only_for_large_runs_and_never_beyond_the_cohorts():
+def test_workers_resolve_to_the_cores_only_for_large_runs_and_never_beyond_the_cohorts(monkeypatch):
     cores = parallel.available_cores()
     assert parallel.resolve_workers(0, 1000, 10, 5) == 1  # small: no worker processes
-    assert parallel.resolve_workers(0, 10_000_000, 31, 1000) == min(cores, 1000)
+    assert parallel.resolve_workers(0, 10_000_000, 31, 1000) == (min(cores, 1000) if cores >= 4 else 1)
+    monkeypatch.setattr(parallel, "available_cores", lambda: 16)
+    assert parallel.resolve_workers(0, 10_000_000, 31, 1000) == 16  # large, on many cores: one per core
+    assert parallel.resolve_workers(0, 10_000_000, 31, 9) == 9
+    monkeypatch.setattr(parallel, "available_cores", lambda: 2)
+    assert parallel.resolve_workers(0, 10_000_000, 31, 1000) == 1  # 2 cores: one process is faster
+    assert parallel.resolve_workers(2, 10_000_000, 31, 1000) == 2  # unless asked
     assert parallel.resolve_workers(8, 1000, 10, 3) == 3
     shards = parallel.split_cohorts([(0, 10), (10, 20), (20, 30), (30, 35)], 2)
     assert shards == [[(0, 10), (10, 20)], [(20, 30), (30, 35)]]
