@@ -50,6 +50,13 @@ def _progress_bar(total: int, enabled: bool):
     return update, bar.close
 
 
+#: what the one-line run summary's error is of, by the protocol's kind of estimate (summary.json "error")
+ERROR_OF = {"mean": "of each round's mean counter, in the counter's units",
+            "epoch": "of each epoch's mean, a probability",
+            "stream": "of each round's sum over devices, in the counter's units",
+            "histogram": "of each bucket's frequency",
+            "counters": "of each round's mean of each counter, in the counters' units"}
+
 #: devices x rounds from which ``ldpsim run`` imports matplotlib in another thread while it simulates
 PRELOAD_PLOTS = 10_000_000
 
@@ -100,7 +107,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     close()
     summary = output.write_run_dir(result, out, ledger_rows=not args.no_ledger_rows, transcript=args.transcript)
     err, eps, pv = summary["error"], summary["epsilon"], summary["privacy"]
-    print(f"mean |error| {_num(err['mean_abs'])}, max |error| {_num(err['max_abs'])}; per-device spend: "
+    print(f"mean |error| {_num(err['mean_abs'])}, max |error| {_num(err['max_abs'])} "
+          f"({ERROR_OF.get(scenario.protocol.kind, 'per estimated number')}); per-device spend: "
           f"max {_num(eps['max'])}, mean {_num(eps['mean'])}, p99 {_num(eps['p99'])} "
           f"(guarantee {_num(pv['guarantee'])}); messages rejected {summary['messages']['rejected']}; "
           f"{summary['wall_seconds']:.2f} s")

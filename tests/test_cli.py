@@ -318,7 +318,7 @@ def test_run_process_output_and_imports(tmp_path):
                        env={**os.environ, "PYTHONPROFILEIMPORTTIME": "1"})
     assert p.returncode == 0, p.stderr[-2000:]
     report, _, printed = p.stdout.partition("\n")
-    assert report.startswith("mean |error|")
+    assert report.startswith("mean |error|") and "(of each round's mean counter, in the counter's units)" in report
     assert json.loads(printed) == summary_of(out)
     imported = {line.rsplit("|", 1)[-1].strip() for line in p.stderr.splitlines() if line.startswith("import time:")}
     assert "numba" in imported and "matplotlib" in imported  # the switch worked
