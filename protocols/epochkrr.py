@@ -21,7 +21,8 @@ from protocols.baselines import KFlipParams, estimate_kflip
 from protocols.collecting import ReportCollector
 from protocols.dbitflip import histogram
 from protocols.device import OneEpochReportDevices
-from protocols.guard import Guarantee, Limits
+from protocols.epochs import EpochBudget
+from protocols.guard import Limits
 from protocols.heavythresh import (EpochHistograms, check_items, item_column, items_table, krr_variance, randomize,
                                    sample_items)
 from protocols.keyed import Purpose, stream_key
@@ -33,7 +34,7 @@ EPOCHKRR = "epochkrr"
 
 
 @dataclass(frozen=True)
-class EpochKRRParams:
+class EpochKRRParams(EpochBudget):
     """Naive per-epoch D-ary randomized response, HeavyTHRESH's baseline at equal total privacy: ``epsilon`` is
     the total over the ``epochs``; every epoch every device sends one item drawn from its epoch histogram at
     epsilon/epochs (basic composition), and the collector debiases the item shares every epoch."""
@@ -66,17 +67,6 @@ class EpochKRRParams:
         check_items(self.buckets)
         if self.epoch_length < 1 or self.epochs < 1:
             raise ValueError("protocol.epoch_length and the number of epochs must be >= 1")
-
-    @property
-    def epoch_epsilon(self) -> float:
-        return self.epsilon / self.epochs
-
-    @property
-    def round_epsilon(self) -> float:
-        return self.epoch_epsilon
-
-    def guarantee(self, horizon: int) -> Guarantee:
-        return Guarantee(horizon * self.epoch_epsilon, f"T x eps/T = {horizon} x {self.epoch_epsilon:.6g}")
 
     def round_mechanism(self, round_: int = 1) -> RoundMechanism:
         """One epoch: D-ary randomized response at eps/T of an item drawn from the epoch histogram. A report's

@@ -19,8 +19,8 @@ from protocols import keyed
 from protocols.base import ProtocolParams, check_params
 from protocols.collecting import Column, ReportCollector
 from protocols.device import OneEpochReportDevices
-from protocols.epochs import EpochMeans
-from protocols.guard import Guarantee, Limits
+from protocols.epochs import EpochBudget, EpochMeans
+from protocols.guard import Limits
 from protocols.keyed import Purpose, stream_key
 from protocols.ledger import FRESH_REPORT, Charge
 from protocols.messages import CollectorMessage, ReportBatch
@@ -32,7 +32,7 @@ EPOCHRR = "epochrr"
 
 
 @dataclass(frozen=True)
-class EpochRRParams:
+class EpochRRParams(EpochBudget):
     """``epsilon`` is the total budget over all ``epochs``; each epoch's report uses epsilon/epochs."""
 
     name: str
@@ -61,17 +61,6 @@ class EpochRRParams:
         check_params(self.epsilon, self.max_value)
         if self.epoch_length < 1 or self.epochs < 1:
             raise ValueError("protocol.epoch_length and the number of epochs must be >= 1")
-
-    @property
-    def epoch_epsilon(self) -> float:
-        return self.epsilon / self.epochs
-
-    @property
-    def round_epsilon(self) -> float:
-        return self.epoch_epsilon
-
-    def guarantee(self, horizon: int) -> Guarantee:
-        return Guarantee(horizon * self.epoch_epsilon, f"T x eps/T = {horizon} x {self.epoch_epsilon:.6g}")
 
     def round_mechanism(self, round_: int = 1) -> RoundMechanism:
         """One epoch for a PLD accountant (protocols/round_mechanism.py): a fresh 1BitMean bit (Ding et al.

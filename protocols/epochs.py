@@ -11,6 +11,7 @@ import numba as nb
 import numpy as np
 
 from protocols.base import MisuseError
+from protocols.guard import Guarantee
 
 
 @nb.njit(cache=True)
@@ -70,3 +71,23 @@ class EpochMeans:
         self._count = snap.array(state, "count", np.int64, n).copy()
         self.complete_epoch = snap.field(state, "complete_epoch", int)
         self._day = snap.field(state, "day", int)
+
+
+class EpochBudget:
+    """Mixin of the naive per-epoch baselines' parameters (EpochRR, EpochKRR): ``epsilon`` is the total over
+    ``epochs``, each epoch's one fresh report is charged epsilon/epochs, and T epochs compose to T x eps/T
+    (basic composition)."""
+
+    epsilon: float
+    epochs: int
+
+    @property
+    def epoch_epsilon(self) -> float:
+        return self.epsilon / self.epochs
+
+    @property
+    def round_epsilon(self) -> float:
+        return self.epoch_epsilon
+
+    def guarantee(self, horizon: int) -> Guarantee:
+        return Guarantee(horizon * self.epoch_epsilon, f"T x eps/T = {horizon} x {self.epoch_epsilon:.6g}")

@@ -56,14 +56,13 @@ from protocols.base import MisuseError, ProtocolParams, RoundResult, check_param
 from protocols.baselines import estimate_kflip, kflip_pq
 from protocols.collecting import Column
 from protocols.dbitflip import bucket_of, histogram
-from protocols.device import GuardedDevices
 from protocols.guard import Guard, Limits
 from protocols.keyed import Purpose, stream_key
 from protocols.ledger import Charge
-from protocols.messages import CollectionRequest, CollectorMessage, Decision, ReportBatch
+from protocols.messages import Decision, ReportBatch
 from protocols.round_mechanism import NoRoundMechanism
 from protocols.staged import StageGraph, StagedCollector
-from protocols.thresh import VotingCaps, _vote_kernel
+from protocols.thresh import VotingCaps, VotingDevices, _vote_kernel
 from protocols.wire import bits as wire_bits
 
 HEAVYTHRESH = "heavythresh"
@@ -374,7 +373,7 @@ class EpochHistograms:
         self._day = snap.field(state, "day", int)
 
 
-class HeavyThreshDevices(EpochHistograms, GuardedDevices):
+class HeavyThreshDevices(EpochHistograms, VotingDevices):
     """Device side for a cohort: epoch item counts, the counts of the last update it took part in (its
     reference), the caps c_V and c_E, whether its vote reserve is booked, and the
     :class:`~protocols.guard.Guard`. Refuses repeats, other epochs and incomplete epochs, whatever the
@@ -443,32 +442,6 @@ class HeavyThreshDevices(EpochHistograms, GuardedDevices):
         yes = np.empty(self.device_ids.size, dtype=np.bool_)
         _vote_kernel(self.distances(), p.taus, p.levels, t, self.params.spendable(self.cV, p.vote_noise), yes)
         return yes
-
-    answers = (CollectionRequest, Decision)
-
-    def current_round(self, day: int) -> int:
-        """Votes are asked only for the epoch just completed."""
-        return self.complete_epoch
-
-    def admit_stage(self, msg: CollectorMessage, day: int) -> bool:
-        """One estimate an epoch, after that epoch's vote, never for a closed or stale epoch."""
-        t = msg.round
-        return (self.guard.in_horizon(t) and t == self.voted_epoch and t == self.complete_epoch
-                and t > self.estimated_epoch)
-
-    def eligible(self) -> np.ndarray:
-        """The devices that observed the whole epoch."""
-        return self.valid
-
-    def answer(self, msg: CollectorMessage, values: np.ndarray, here: np.ndarray,
-               now: float) -> tuple[ReportBatch | None, list[Charge]]:
-        """Votes (on a CollectionRequest) or estimates (on the epoch's Decision) of the devices ``here``."""
-        t = msg.round
-        if isinstance(msg, Decision):
-            self.estimated_epoch = t
-            return self._estimate(t, msg.update, here, now)
-        self.voted_epoch = t
-        return self._vote(t, here, now)
 
     def _vote(self, t: int, rows: np.ndarray, now: float) -> tuple[ReportBatch, list[Charge]]:
         p, g = self.params, self.guard

@@ -409,7 +409,52 @@ def _vote_kernel(diff, taus, levels, t, cap_ok, out_yes):
         out_yes[i] = cap_ok[i] and jstar >= 0 and t % (1 << (levels - jstar)) == 0
 
 
-class ThreshDevices(EpochMeans, GuardedDevices):
+class VotingDevices(GuardedDevices):
+    """The stage rules of a device side that votes on change, then estimates (THRESH, HeavyTHRESH; Joseph et
+    al. 2018, Algorithm 2): a vote only for the epoch just completed, one estimate an epoch after that epoch's
+    vote, only devices that observed the whole epoch. Subclasses keep ``complete_epoch``, ``valid``,
+    ``voted_epoch`` and ``estimated_epoch`` and implement :meth:`_vote` and :meth:`_estimate`."""
+
+    complete_epoch: int
+    valid: np.ndarray
+    voted_epoch: int
+    estimated_epoch: int
+
+    answers = (CollectionRequest, Decision)
+
+    def current_round(self, day: int) -> int:
+        """Votes are asked only for the epoch just completed."""
+        return self.complete_epoch
+
+    def admit_stage(self, msg: CollectorMessage, day: int) -> bool:
+        """One estimate an epoch, after that epoch's vote, never for a closed or stale epoch."""
+        t = msg.round
+        return (self.guard.in_horizon(t) and t == self.voted_epoch and t == self.complete_epoch
+                and t > self.estimated_epoch)
+
+    def eligible(self) -> np.ndarray:
+        """The devices that observed the whole epoch."""
+        return self.valid
+
+    def answer(self, msg: CollectorMessage, values: np.ndarray, here: np.ndarray,
+               now: float) -> tuple[ReportBatch | None, list[Charge]]:
+        """Votes (on a CollectionRequest) or estimates (on the epoch's Decision) of the devices ``here``."""
+        t = msg.round
+        if isinstance(msg, Decision):
+            self.estimated_epoch = t
+            return self._estimate(t, msg.update, here, now)
+        self.voted_epoch = t
+        return self._vote(t, here, now)
+
+    def _vote(self, t: int, rows: np.ndarray, now: float) -> tuple[ReportBatch, list[Charge]]:
+        raise NotImplementedError
+
+    def _estimate(self, t: int, update: bool, rows: np.ndarray,
+                  now: float) -> tuple[ReportBatch | None, list[Charge]]:
+        raise NotImplementedError
+
+
+class ThreshDevices(EpochMeans, VotingDevices):
     """Device side for a cohort: epoch sums of private bits, the reference mean of the last update it took part
     in, the caps c_V and c_E, whether its vote reserve is booked, and the :class:`~protocols.guard.Guard`
     (horizon, budget, spend). Refuses repeats, other epochs and incomplete epochs, whatever the collector
@@ -477,32 +522,6 @@ class ThreshDevices(EpochMeans, GuardedDevices):
         _vote_kernel(np.abs(self.current - self.reference), p.taus, p.levels, t, self._spendable(self.cV, a), yes)
         e = math.exp(a)
         return np.where(yes, e / (e + 1), 1 / (e + 1)), yes
-
-    answers = (CollectionRequest, Decision)
-
-    def current_round(self, day: int) -> int:
-        """Votes are asked only for the epoch just completed."""
-        return self.complete_epoch
-
-    def admit_stage(self, msg: CollectorMessage, day: int) -> bool:
-        """One estimate an epoch, after that epoch's vote, never for a closed or stale epoch."""
-        t = msg.round
-        return (self.guard.in_horizon(t) and t == self.voted_epoch and t == self.complete_epoch
-                and t > self.estimated_epoch)
-
-    def eligible(self) -> np.ndarray:
-        """The devices that observed the whole epoch."""
-        return self.valid
-
-    def answer(self, msg: CollectorMessage, values: np.ndarray, here: np.ndarray,
-               now: float) -> tuple[ReportBatch | None, list[Charge]]:
-        """Votes (on a CollectionRequest) or estimates (on the epoch's Decision) of the devices ``here``."""
-        t = msg.round
-        if isinstance(msg, Decision):
-            self.estimated_epoch = t
-            return self._estimate(t, msg.update, here, now)
-        self.voted_epoch = t
-        return self._vote(t, here, now)
 
     def _vote(self, t: int, rows: np.ndarray, now: float) -> tuple[ReportBatch, list[Charge]]:
         p, g = self.params, self.guard
