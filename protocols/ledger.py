@@ -15,7 +15,6 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Iterator
 
-import numba as nb
 import numpy as np
 
 # Reasons a device is charged. Stable strings: they appear in ledger files and digests.
@@ -53,92 +52,86 @@ def _runs(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return starts, stops
 
 
-def quantiles(ordered: np.ndarray, qs: tuple[float, ...]) -> np.ndarray:
-    """``np.quantile(a, qs)`` (its default, linear method) of the values ``ordered``, already sorted: the same
-    interpolation between the same two order statistics, in O(len(qs))."""
-    n = ordered.size
+def quantiles(values: np.ndarray, cumulative: np.ndarray, qs: tuple[float, ...]) -> np.ndarray:
+    """``np.quantile(a, qs)`` (its default, linear method) of the multiset ``a`` given as sorted distinct
+    ``values`` with ``cumulative`` counts: the same interpolation between the same two order statistics, in
+    O(len(qs) log distinct)."""
+    n = int(cumulative[-1])
     out = np.empty(len(qs))
     for i, q in enumerate(qs):
         virtual = q * (n - 1)
         below = int(np.floor(virtual))
         above = min(below + 1, n - 1)
-        out[i] = np.quantile(ordered[[below, above]], virtual - below)
+        out[i] = np.quantile(order_statistics(values, cumulative, np.array([below, above])), virtual - below)
     return out
 
 
-@nb.njit(cache=True)
-def _replace_sorted(order, drop, counts, add):  # pragma: no cover (compiled)
-    """``order`` (sorted) with ``counts[j]`` copies of each ``drop[j]`` (sorted, all present) taken out and the
-    sorted ``add`` merged in: one pass, the sorted multiset that np.delete then np.insert would give."""
-    out = np.empty(order.size + add.size, dtype=order.dtype)  # the most it can hold: never written past
-    j, a, k = 0, 0, 0
-    left = counts[0] if counts.size else 0
-    for i in range(order.size):
-        v = order[i]
-        if j < drop.size and v == drop[j]:
-            left -= 1
-            if left == 0:
-                j += 1
-                left = counts[j] if j < drop.size else 0
-            continue
-        while a < add.size and add[a] <= v:
-            out[k] = add[a]
-            k += 1
-            a += 1
-        out[k] = v
-        k += 1
-    while a < add.size:
-        out[k] = add[a]
-        k += 1
-        a += 1
-    if j != drop.size:
-        raise ValueError("a value to drop is not in the order")
-    return out[:k]
-
-
 class _SpendOrder:
-    """The devices' spend in sorted order, maintained across rounds while a round charges at most 1/8 of the
-    devices (memoized protocols after their first rounds): each round's changed values are taken out and put
-    back in O(n) copies instead of an O(n) selection per quantile. A round that charges more drops it; it is
-    rebuilt by one sort the next time few devices are charged."""
+    """The devices' spend as a sorted multiset (its distinct values and how many devices hold each), maintained
+    across rounds while a round charges at most 1/8 of the devices (memoized protocols after their first
+    rounds): each round's changed values are netted and merged in O(distinct + charged log charged), so a round's
+    order statistics cost no pass over the devices. Spend is a sum of a protocol's few charge amounts, so it
+    takes few distinct values (1BitRRPM: one per pattern width); past :attr:`LIMIT` of them the multiset is
+    given up for the run and the quantiles are numpy's selection on the spend. A round that charges more drops
+    it; it is rebuilt by one np.unique the next time few devices are charged."""
+
+    LIMIT = 1 << 16  # distinct spend values beyond which np.quantile on the spend is cheaper
 
     def __init__(self, n: int) -> None:
         self.n = n
-        self.order: np.ndarray | None = None
+        self.values: np.ndarray | None = None  # sorted distinct spend values
+        self.counts = np.empty(0, np.int64)  # devices holding each
         self.old: list[np.ndarray] = []  # values removed by this round's charges
         self.new: list[np.ndarray] = []  # values they became
         self.count = 0  # devices charged this round (with repeats)
-        self.fresh = True  # no charge since the order was last brought up to date
+        self.fresh = True  # no charge since the multiset was last brought up to date
+        self.too_many = False  # more than LIMIT distinct values were seen: numpy's selection from then on
 
     def charged(self, spend: np.ndarray, where: np.ndarray | slice, count: int, amount: float) -> None:
         """Called before ``amount`` is added to ``spend[where]`` (``count`` devices)."""
         self.fresh = False
         self.count += count
-        if self.order is None or self.count > self.n // 8:
-            self.order, self.old, self.new = None, [], []
+        if self.values is None or self.count > self.n // 8:
+            self.values, self.old, self.new = None, [], []
             return
         before = spend[where].copy()
         self.old.append(before)
         self.new.append(before + amount)
 
-    def sorted(self, spend: np.ndarray) -> np.ndarray | None:
-        """The spend sorted, or None when this round charged too many devices (np.quantile instead)."""
+    def sorted(self, spend: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """(distinct values, cumulative counts) of the spend, or None when this round charged too many devices
+        or the spend holds too many distinct values (np.quantile instead)."""
         many = self.count > self.n // 8
         self.count = 0
-        if self.order is not None and not self.fresh:
+        if self.values is not None and not self.fresh:
             old, new = np.concatenate(self.old), np.concatenate(self.new)
             self.old, self.new = [], []
-            # a device charged twice this round left a value that never stood in the order: net them out
+            # a device charged twice this round left a value that never stood in the multiset: net them out
             values, inverse = np.unique(np.concatenate((old, new)), return_inverse=True)
-            gone = np.bincount(inverse[:old.size], minlength=values.size)
-            came = np.bincount(inverse[old.size:], minlength=values.size)
-            drop = gone > came
-            add = np.repeat(values, np.maximum(came - gone, 0))
-            self.order = _replace_sorted(self.order, values[drop], (gone - came)[drop], add)
-        elif self.order is None and not many:
-            self.order = np.sort(spend)
+            net = (np.bincount(inverse[old.size:], minlength=values.size)
+                   - np.bincount(inverse[:old.size], minlength=values.size))
+            merged = np.union1d(self.values, values)
+            counts = np.zeros(merged.size, np.int64)
+            counts[np.searchsorted(merged, self.values)] = self.counts
+            counts[np.searchsorted(merged, values)] += net
+            if np.any(counts < 0):
+                raise ValueError("the spend multiset lost track of a device's value")
+            keep = counts > 0
+            self.values, self.counts = merged[keep], counts[keep]
+            if self.values.size > self.LIMIT:
+                self.values, self.too_many = None, True
+        elif self.values is None and not many and not self.too_many:
+            self.values, self.counts = np.unique(spend, return_counts=True)
+            if self.values.size > self.LIMIT:
+                self.values, self.too_many = None, True
         self.fresh = True
-        return self.order
+        return None if self.values is None else (self.values, np.cumsum(self.counts))
+
+
+def order_statistics(values: np.ndarray, cumulative: np.ndarray, ranks: np.ndarray) -> np.ndarray:
+    """The ``ranks``-th smallest (0-based) of the multiset holding ``values`` (sorted, distinct) with
+    ``cumulative`` counts."""
+    return values[np.searchsorted(cumulative, ranks, side="right")]
 
 
 class Ledger:
@@ -246,9 +239,9 @@ class Ledger:
         """Snapshot the distribution of cumulative spend over devices (for the event log and the plot)."""
         s = self.spend
         if s.size:
-            ordered = self._order.sorted(s)
-            qs = quantiles(ordered, QUANTILES) if ordered is not None else np.quantile(s, QUANTILES)
-            lo, hi = (ordered[0], ordered[-1]) if ordered is not None else (s.min(), s.max())
+            multiset = self._order.sorted(s)
+            qs = quantiles(*multiset, QUANTILES) if multiset is not None else np.quantile(s, QUANTILES)
+            lo, hi = (multiset[0][0], multiset[0][-1]) if multiset is not None else (s.min(), s.max())
             snap = {"round": round_, "time": time, "min": float(lo), "mean": float(s.mean()),
                     "max": float(hi), **{f"p{round(q * 100)}": float(v) for q, v in zip(QUANTILES, qs)}}
         else:

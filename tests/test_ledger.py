@@ -126,9 +126,9 @@ def test_the_spill_store_is_passed_to_each_collector_and_goes_with_it(monkeypatc
 
 
 def test_the_spend_distribution_kept_in_order_equals_numpy_quantiles_round_after_round():
-    """The ledger keeps the spend sorted across rounds that charge few devices (protocols.ledger._SpendOrder):
-    every round's min, max and quantiles equal numpy's on the spend, including devices charged twice a round
-    and rounds that charge everyone (where the order is dropped and rebuilt)."""
+    """The ledger keeps the spend as a sorted multiset across rounds that charge few devices
+    (protocols.ledger._SpendOrder): every round's min, max and quantiles equal numpy's on the spend, including
+    devices charged twice a round and rounds that charge everyone (where the multiset is dropped and rebuilt)."""
     from protocols.ledger import QUANTILES, Charge, Ledger
 
     rng = np.random.default_rng(1)
@@ -146,17 +146,42 @@ def test_the_spend_distribution_kept_in_order_equals_numpy_quantiles_round_after
             h = ledger.close_round(r, 0.0)
             assert [h["p50"], h["p90"], h["p99"]] == np.quantile(spend, QUANTILES).tolist()
             assert (h["min"], h["max"]) == (spend.min(), spend.max())
-            kept += ledger._order.order is not None
+            kept += ledger._order.values is not None
     assert kept > 100  # the kept order was exercised, not only numpy's fallback
 
 
-def test_the_sorted_spend_merge_refuses_to_drop_a_value_it_does_not_hold():
-    """The one-pass merge behind the ledger's sorted spend (protocols.ledger._replace_sorted) never writes past
-    its output: asked to drop a value the order lacks, it raises instead of corrupting memory."""
-    from protocols.ledger import _replace_sorted
+def test_the_spend_multiset_gives_way_to_numpy_past_its_limit_and_stays_exact(monkeypatch):
+    """With more distinct spend values than the multiset's limit (continuous charge amounts), the ledger drops
+    the multiset for the run and its quantiles are numpy's own; before and after, they equal numpy's."""
+    from protocols.ledger import QUANTILES, Charge, Ledger, _SpendOrder
 
-    order = np.array([1.0, 2.0, 3.0])
-    got = _replace_sorted(order, np.array([2.0]), np.array([1], dtype=np.int64), np.array([2.5, 9.0]))
-    assert got.tolist() == [1.0, 2.5, 3.0, 9.0]
-    with pytest.raises(ValueError, match="not in the order"):
-        _replace_sorted(order, np.array([2.5]), np.array([1], dtype=np.int64), np.array([9.0]))
+    monkeypatch.setattr(_SpendOrder, "LIMIT", 40)
+    rng = np.random.default_rng(7)
+    n = 2000
+    ledger, spend = Ledger(n), np.zeros(n)
+    states = []
+    for r in range(1, 30):
+        ids = np.sort(rng.choice(n, size=int(rng.integers(1, n // 10)), replace=False))
+        amount = float(rng.choice([0.5, 0.25])) if r < 10 else float(rng.random())  # continuous from round 10
+        ledger.record(Charge(r, 0.0, "x", amount, ids))
+        spend[ids] += amount
+        h = ledger.close_round(r, 0.0)
+        assert [h["p50"], h["p90"], h["p99"]] == np.quantile(spend, QUANTILES).tolist()
+        assert (h["min"], h["max"]) == (spend.min(), spend.max())
+        states.append(ledger._order.values is not None)
+    assert states[3] and not states[-1] and ledger._order.too_many
+
+
+def test_the_spend_multiset_refuses_to_lose_a_device():
+    """Asked to take out a value no device holds (a charge not seen by the multiset), it raises instead of
+    reporting quantiles of a population that does not exist."""
+    from protocols.ledger import _SpendOrder
+
+    order = _SpendOrder(100)
+    spend = np.zeros(100)
+    assert order.sorted(spend) is not None
+    order.charged(spend, slice(0, 3), 3, 1.0)
+    spend[:3] += 1.0
+    order.old[0] = np.array([5.0, 5.0, 5.0])  # a value never held
+    with pytest.raises(ValueError, match="lost track"):
+        order.sorted(spend)
