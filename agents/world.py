@@ -386,10 +386,14 @@ class World:
         ids = np.asarray(ids)
         if not ids.size:
             ids = ids.astype(np.int64)
-        at = ids - self.span[0]
-        where = (slice(int(at[0]), int(at[-1]) + 1) if at.size and at.ndim == 1
-                 and int(at[-1]) - int(at[0]) + 1 == at.size else at)
-        self._check_held(at[[0, -1]] if isinstance(where, slice) else at)
+        where: slice | np.ndarray
+        if ids.size and ids.ndim == 1 and int(ids[-1]) - int(ids[0]) + 1 == ids.size:  # a cohort: a view
+            first = int(ids[0]) - self.span[0]
+            where = slice(first, first + ids.size)
+            self._check_held(np.array([first, first + ids.size - 1]))
+        else:
+            where = ids - self.span[0]
+            self._check_held(where)
         if self.counters is not None:  # (devices, c): the day's total split over the apps
             return self._cache[where][:, None] * self.split[where], self._clipped
         return self._cache[where], self._clipped

@@ -58,7 +58,7 @@ class FreshDevices(OneReportDevices):
         if rows.size != self.device_ids.size:
             columns = {k: (wire_bits(np.asarray(v)[rows]) if isinstance(v, Bits) else v[rows])
                        for k, v in columns.items()}
-        return (ReportBatch(round=round_, protocol=p.name, devices=self.device_ids[rows].astype(np.uint32),
+        return (ReportBatch(round=round_, protocol=p.name, devices=self.wire_ids(rows),
                             columns=columns),
                 [self.guard.charge(round_, now, self.reason, p.round_epsilon, rows)])
 

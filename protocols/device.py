@@ -32,7 +32,14 @@ from protocols.ledger import Charge
 from protocols.messages import CollectionRequest, CollectorMessage, ReportBatch
 from protocols.snapshot import GuardedSnapshot
 
-__all__ = ["GuardedDevices", "OneEpochReportDevices", "OneReportDevices"]
+__all__ = ["GuardedDevices", "OneEpochReportDevices", "OneReportDevices", "at_rows"]
+
+
+def at_rows(a: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``a[rows]`` for ``rows`` strictly increasing indices into ``a`` (or a mask); ``a`` itself when the
+    indices are all of them (every device of a cohort answering: no copy). The result may be ``a``: read it,
+    do not write it."""
+    return a if rows.dtype != np.bool_ and rows.size == a.shape[0] else a[rows]
 
 
 class GuardedDevices(GuardedSnapshot):
@@ -46,6 +53,16 @@ class GuardedDevices(GuardedSnapshot):
     guard: Guard
     #: the collector messages this protocol answers; any other is ignored and counted
     answers: ClassVar[tuple[type, ...]] = (CollectionRequest,)
+
+    def wire_ids(self, rows: np.ndarray) -> np.ndarray:
+        """The ids of the devices at ``rows`` (strictly increasing indices) as a report batch carries them
+        (uint32); the whole cohort's are made once and kept read-only."""
+        ids = getattr(self, "_wire_ids", None)
+        if ids is None or ids.shape != self.device_ids.shape:
+            ids = self.device_ids.astype(np.uint32)
+            ids.flags.writeable = False
+            self._wire_ids = ids
+        return at_rows(ids, rows)
 
     def check_values(self, values: np.ndarray) -> None:
         """The runtime hands one value per device (override for several counters per device)."""

@@ -18,7 +18,7 @@ from protocols import config
 from protocols import keyed
 from protocols.base import ProtocolParams, check_params
 from protocols.collecting import Column, ReportCollector
-from protocols.device import OneEpochReportDevices
+from protocols.device import OneEpochReportDevices, at_rows
 from protocols.epochs import EpochBudget, EpochMeans
 from protocols.guard import Limits
 from protocols.keyed import Purpose, stream_key
@@ -103,7 +103,7 @@ class EpochRRDevices(EpochMeans, OneEpochReportDevices):
         rows = rows[self.guard.affordable(p.epoch_epsilon, rows)]
         u = keyed.uniform(stream_key(self.seed, Purpose.REPORT, t), self.device_ids)
         bits = u < p_one(self.current, p.epoch_epsilon, 1.0)
-        return (ReportBatch(t, p.name, self.device_ids[rows].astype(np.uint32), {"bit": wire_bits(bits[rows])}),
+        return (ReportBatch(t, p.name, self.wire_ids(rows), {"bit": wire_bits(at_rows(bits, rows))}),
                 [self.guard.charge(t, now, FRESH_REPORT, p.epoch_epsilon, rows)])
 
 

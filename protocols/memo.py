@@ -15,6 +15,7 @@ import numba as nb
 import numpy as np
 
 from protocols.base import MisuseError
+from protocols.device import at_rows
 from protocols.guard import Guard
 from protocols.ledger import FRESH_REPORT, MEMO_REVEAL, ROUND_GUARANTEE, Charge
 
@@ -197,7 +198,7 @@ def admit_reports(guard: Guard, params: ChargedParams, rows: np.ndarray, reveals
     if inputs is None:
         raise MisuseError("memoized reports need the memoization input of every device")
     if guard.limits.budget is None:
-        return rows, reveals.insert(rows, inputs[rows])
+        return rows, reveals.insert(rows, at_rows(inputs, rows))
     new = ~reveals.contains(rows, inputs[rows])
     ok = guard.affordable(np.where(new, params.epsilon, 0.0), rows)
     rows, new = rows[ok], new[ok]
@@ -214,6 +215,6 @@ def report_charges(guard: Guard, params: ChargedParams, round_: int, now: float,
         return [guard.charge(round_, now, FRESH_REPORT, params.round_epsilon, rows)]
     charges = [guard.charge(round_, now, MEMO_REVEAL, params.epsilon, rows[new])]
     if params.gamma > 0:
-        charges.append(Charge(round_, now, ROUND_GUARANTEE, params.round_epsilon, guard.device_ids[rows],
+        charges.append(Charge(round_, now, ROUND_GUARANTEE, params.round_epsilon, at_rows(guard.device_ids, rows),
                               cumulative=False))
     return charges

@@ -23,7 +23,7 @@ from protocols import keyed
 from protocols import likelihood as lik
 from protocols.base import MisuseError, ProtocolParams, check_params
 from protocols.collecting import Column, ReportCollector
-from protocols.device import OneReportDevices
+from protocols.device import OneReportDevices, at_rows
 from protocols.guard import Guarantee, Guard, Limits
 from protocols.keyed import Purpose, stream_key
 from protocols.ledger import Charge
@@ -295,8 +295,8 @@ class OneBitDevices(OneReportDevices):
         bits, grid = self.report_bits(round_, values)
         rows, new = admit_reports(self.guard, p, rows, self.reveals, grid)
         charges = report_charges(self.guard, p, round_, now, rows, new)
-        batch = ReportBatch(round=round_, protocol=p.name, devices=self.device_ids[rows].astype(np.uint32),
-                            columns={"bit": wire_bits(bits[rows])})
+        batch = ReportBatch(round=round_, protocol=p.name, devices=self.wire_ids(rows),
+                            columns={"bit": wire_bits(at_rows(bits, rows))})
         return batch, charges
 
 

@@ -135,7 +135,7 @@ class TopsDevices(OneReportDevices):
         charges = [self.guard.charge(round_, now, CENTRAL_RELEASE, p.epsilon, rows[~hold])]
         if hold.any():
             charges.append(self.guard.charge(round_, now, CENTRAL_THRESHOLD, p.threshold_epsilon, rows[hold]))
-        return ReportBatch(round_, p.name, self.device_ids[rows].astype(np.uint32), {"x": x}), charges
+        return ReportBatch(round_, p.name, self.wire_ids(rows), {"x": x}), charges
 
 
 class TopsCollector(ReportCollector):
