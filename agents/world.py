@@ -247,11 +247,12 @@ class World:
             a, b = self._held_range(g.name)
             self._sds[a - lo:b - lo] = g.jitter_sd
             self.binary[a - lo:b - lo] = g.counter.kind == "bernoulli"
-            self._set_source(np.arange(a - lo, b - lo), g.counter)
+            self._set_source(slice(a - lo, b - lo), g.counter)
             for start in range(a, b, _CHUNK):  # keyed draws: the same in chunks, with bounded temporaries
-                ids = np.arange(start, min(start + _CHUNK, b), dtype=np.int64)
-                self._levels[ids - lo] = g.counter.sample(stream_key(self.seed, Purpose.LEVEL, 0), ids,
-                                                          self.max_value)
+                stop = min(start + _CHUNK, b)
+                self._levels[start - lo:stop - lo] = g.counter.sample(stream_key(self.seed, Purpose.LEVEL, 0),
+                                                                      np.arange(start, stop, dtype=np.int64),
+                                                                      self.max_value)
         for number in range(1, self._applied + 1):
             self._redraw(number)
         return self._levels
@@ -287,7 +288,7 @@ class World:
             self._source = source
             self._cache_day = -1
 
-    def _set_source(self, at: np.ndarray, dist: Dist) -> None:
+    def _set_source(self, at: np.ndarray | slice, dist: Dist) -> None:
         """Point the devices at positions ``at`` of this world's arrays to ``dist``'s data set, if it has one."""
         if dist.kind != "data":
             self.source[at] = -1
