@@ -89,14 +89,35 @@ class CohortShard:
     def __init__(self, params: Any, seed: int, limits: Any, world: World, network: Network,
                  cohorts: list[tuple[int, int]], round_seconds: float) -> None:
         self.world, self.network, self.round_seconds = world, network, float(round_seconds)
+        self.ahead: World | None = None  # a twin of the world computing the next day ahead of time (prefetch)
         self.cohorts = [(int(lo), int(hi)) for lo, hi in cohorts]
         self.devices = [params.make_devices(seed, np.arange(lo, hi), limits) for lo, hi in self.cohorts]
         self.ids = [signed_ids(d.device_ids) for d in self.devices]
         self.observers = [i for i, d in enumerate(self.devices) if hasattr(d, "observe")]
 
+    def _at(self, day: int) -> World:
+        """The world moved to ``day``: the twin that computed it ahead of time, if one did."""
+        if self.ahead is not None and self.ahead.day == day > self.world.day:
+            self.world, self.ahead = self.ahead, self.world
+        self.world.advance_to(day)
+        return self.world
+
+    def prefetch(self, day: int) -> None:
+        """Compute the world's values on ``day`` before anyone asks, in a twin of the world (a pure function of
+        the seed and the day), while the current world keeps serving its own day: a worker calls it right after
+        sending a broadcast's answers, so it runs while the run's process takes the reports in, and the next
+        day's request finds them ready. Worlds with behaviors are left alone (they keep state day to day)."""
+        if day <= self.world.day or any(g.behavior is not None for g in self.world.groups):
+            return
+        if self.ahead is None:
+            self.ahead = self.world.twin()
+        if self.ahead.day <= day:
+            self.ahead.advance_to(day)
+            self.ahead.values(np.empty(0, dtype=np.int64))
+
     def observe(self, day: int) -> None:
         """The devices' daily look at their counters (world moved to ``day`` first)."""
-        self.world.advance_to(day)
+        self._at(day)
         for i in self.observers:
             values, _ = self.world.values(self.ids[i])
             self.devices[i].observe(day, values, self.world.present(self.ids[i]))  # type: ignore[attr-defined]
@@ -104,7 +125,7 @@ class CohortShard:
     def answer(self, raw: bytes, world_day: int, now: float) -> tuple[list[Answer], int]:
         """Every cohort's answer to the broadcast ``raw`` received at ``now`` (the world at ``world_day``), and
         how many cohorts could not decode it."""
-        self.world.advance_to(world_day)
+        self._at(world_day)
         try:
             msg = wire.decode(raw)
         except wire.WireError:
@@ -118,7 +139,7 @@ class CohortShard:
     def values(self, day: int, out: np.ndarray) -> int:
         """Write the shard's devices' values on ``day`` into ``out`` (all devices' positions, this shard's
         range filled) and return how many of them were clipped."""
-        self.world.advance_to(day)
+        self._at(day)
         lo, hi = self.cohorts[0][0], self.cohorts[-1][1]
         values, clipped = self.world.totals(lo, hi)
         out[lo:hi] = values

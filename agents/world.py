@@ -220,6 +220,19 @@ class World:
         self._mean = math.nan  # the previous round's mean value over the population (behaviors' Day.mean)
         self._source: Any = None  # values computed elsewhere (use_values)
 
+    def twin(self) -> "World":
+        """A fresh world of the same scenario and span at day 0, sharing this one's fixed per-device arrays (the
+        split over apps, the churn days): a shard computes the next day in it ahead of time (agents/shard.py)."""
+        other = World.__new__(World)
+        other.__dict__.update(self.__dict__)
+        other._levels, other._sds = None, np.empty(0)
+        other.binary, other.free, other.source = np.empty(0, np.bool_), np.empty(0, np.bool_), np.empty(0, np.int16)
+        other._pools = []
+        other.day, other._applied, other._cache_day, other._cache, other._clipped = 0, 0, -1, np.empty(0), 0
+        if self._scripts:
+            raise ValueError("a world with behaviors has no twin: its behaviors keep state from day to day")
+        return other
+
     @property
     def levels(self) -> np.ndarray:
         """Each held device's current level (the span's devices, in id order)."""

@@ -106,9 +106,21 @@ def _pack_charge(c: Charge) -> list:
     return [c.round, c.time, c.reason, c.amount, c.cumulative, lo, hi, listed]
 
 
+_RANGE = np.empty(0, np.int64)  # 0, 1, 2, ...: a charge of a contiguous id range is a read-only view of it
+
+
+def _id_range(lo: int, hi: int) -> np.ndarray:
+    """The ids lo..hi-1 as a read-only view of one shared range (no array per charge)."""
+    global _RANGE
+    if hi > _RANGE.size:
+        _RANGE = np.arange(max(hi, 2 * _RANGE.size), dtype=np.int64)
+        _RANGE.flags.writeable = False
+    return _RANGE[lo:hi]
+
+
 def _unpack_charge(v: list) -> Charge:
     rnd, time, reason, amount, cumulative, lo, hi, listed = v
-    ids = np.arange(lo, hi, dtype=np.int64) if listed is None else np.frombuffer(listed, dtype="<u8").astype(np.int64)
+    ids = _id_range(int(lo), int(hi)) if listed is None else np.frombuffer(listed, dtype="<u8").astype(np.int64)
     return Charge(int(rnd), float(time), str(reason), float(amount), ids, bool(cumulative))
 
 
@@ -195,7 +207,8 @@ class ProcessShards:
 
     def stats(self) -> list[dict[str, float]]:
         """Each worker's peak resident memory so far (``peak_mb``) and its seconds computing answers and sending
-        them (``answer_seconds``, ``send_seconds``, wall; ``cpu_seconds`` for both)."""
+        them (``answer_seconds``, ``send_seconds``, wall; ``cpu_seconds`` for these and the prefetching),
+        and its seconds computing the next day's values ahead of the request (``prefetch_seconds``)."""
         return [{k: float(v) for k, v in r.items()} for r in self._all({"op": "stats"})]
 
     def close(self) -> None:
@@ -246,7 +259,7 @@ def _build_shard(scenario_data: dict, cohorts: list[tuple[int, int]]) -> Any:
 def worker(stdin: BinaryIO, stdout: BinaryIO) -> int:
     """A shard worker's loop: init, then observe / answer / guards commands until exit or end of input."""
     shard = None
-    busy = [0.0, 0.0, 0.0]  # seconds computing answers, sending them, and CPU seconds for both
+    busy = [0.0, 0.0, 0.0, 0.0]  # seconds computing answers, sending them, CPU seconds, seconds prefetching
     while True:
         try:
             cmd = _read(stdin)
@@ -273,8 +286,11 @@ def worker(stdin: BinaryIO, stdout: BinaryIO) -> int:
                 _write(stdout, {"rejected": rejected, "cohorts": [
                     [[_pack_charge(c) for c in a.charges], [[d, t, k] for d, t, k in a.sent], a.lost]
                     for a in answers]})
+                t2 = time.perf_counter()
+                shard.prefetch(int(cmd["day"]) + 1)  # while the run's process takes the reports in
                 busy[0] += t1 - t0
-                busy[1] += time.perf_counter() - t1
+                busy[1] += t2 - t1
+                busy[3] += time.perf_counter() - t2
                 busy[2] += time.process_time() - c0
             elif op == "values":
                 _write(stdout, {"clipped": shard.values(int(cmd["day"]), values)})
@@ -284,7 +300,8 @@ def worker(stdin: BinaryIO, stdout: BinaryIO) -> int:
                 import resource
 
                 _write(stdout, {"peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                                "answer_seconds": busy[0], "send_seconds": busy[1], "cpu_seconds": busy[2]})
+                                "answer_seconds": busy[0], "send_seconds": busy[1], "cpu_seconds": busy[2],
+                                "prefetch_seconds": busy[3]})
             else:
                 raise RuntimeError(f"unknown command {op!r}")
         except Exception:

@@ -74,3 +74,41 @@ def test_a_worker_that_fails_is_a_clear_error_and_no_process_is_left(monkeypatch
 def test_a_bad_workers_value_names_the_key():
     with pytest.raises(schema.ScenarioError, match="simulation.workers"):
         schema.load("quickstart", ["simulation.workers=-1"])
+
+
+@pytest.mark.parametrize("name, extra", [
+    ("app_usage_31d", ()),  # scripted changes on days 15 and 22 (a redrawn fraction of a group)
+    ("apps_multi", ("population.groups.1.joins=3",)),  # several counters a device; devices joining late
+])
+def test_a_shard_computing_the_next_day_ahead_serves_the_same_values_and_answers(name, extra):
+    """A worker's shard computes the next day's values in a twin world while the run's process takes the
+    reports in (CohortShard.prefetch): every day's values, presence and answers equal a shard's that does not."""
+    from agents.shard import CohortShard
+    from agents.world import World
+    from collector.network import Network
+    from protocols import wire
+    from protocols.messages import CollectionRequest
+
+    sc = schema.load(name, ["population.devices=1200", *extra])
+
+    def shard() -> CohortShard:
+        world = World(sc.seed, sc.devices, sc.groups, sc.changes, sc.protocol.max_value, span=(400, 1200))
+        return CohortShard(sc.protocol, sc.seed, sc.limits, world, Network(None, sc.network, sc.seed),
+                           [(400, 800), (800, 1200)], sc.simulation.round_seconds)
+
+    ahead, plain = shard(), shard()
+    out_a, out_p = np.zeros(sc.devices), np.zeros(sc.devices)
+    swapped = 0
+    for day in range(1, sc.rounds + 1):
+        now = (day - 1) * sc.simulation.round_seconds
+        raw = wire.encode(CollectionRequest(round=day, protocol=sc.protocol.name, deadline=now + 3600.0))
+        a, b = ahead.answer(raw, day, now), plain.answer(raw, day, now)
+        assert [x.sent for x in a[0]] == [x.sent for x in b[0]] and a[1] == b[1]
+        assert [[(c.reason, c.amount, c.devices.tolist()) for c in x.charges] for x in a[0]] == \
+               [[(c.reason, c.amount, c.devices.tolist()) for c in x.charges] for x in b[0]]
+        before = ahead.world
+        ahead.prefetch(day + 1)
+        assert ahead.values(day, out_a) == plain.values(day, out_p)  # the day's own world still serves it
+        assert np.array_equal(out_a, out_p)
+        swapped += ahead._at(day + 1) is not before
+    assert swapped == sc.rounds  # every next day came from the world computed ahead
