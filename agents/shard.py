@@ -27,7 +27,7 @@ from protocols.base import DeviceSide
 from protocols.ledger import Charge, Ledger
 from protocols.messages import CollectionRequest, Decision, ReportBatch, Threshold
 
-__all__ = ["BROADCAST_KINDS", "Answer", "CohortShard", "ShardPool", "ShardedCohorts", "answer_cohort"]
+__all__ = ["BROADCAST_KINDS", "Answer", "CohortShard", "ShardPool", "ShardedCohorts", "ThreadShards", "answer_cohort"]
 
 BROADCAST_KINDS = {CollectionRequest: 1, Decision: 2, Threshold: 3}  # keys of the downlink loss draws
 
@@ -149,6 +149,55 @@ class CohortShard:
         """The device sides' enforcement counters, summed: refusals for the budget, messages ignored."""
         return {"refusals": sum(d.guard.refusals for d in self.devices),  # type: ignore[attr-defined]
                 "ignored": sum(d.guard.ignored for d in self.devices)}  # type: ignore[attr-defined]
+
+
+class ThreadShards:
+    """Cohort shards answered by threads of the run's own process, every shard reading the run's world: the
+    in-process counterpart of worker processes (scenarios/parallel.py). The device sides' and the network's
+    kernels release the GIL (numba ``nogil``), so on several cores the shards' work runs at once; the world's
+    values of the day are computed first, on all cores, by the calling thread. Each shard has its own device
+    sides and network fates and the answers come back in cohort order (:class:`ShardPool`), so a run is the
+    same for every number of threads."""
+
+    def __init__(self, params: Any, seed: int, limits: Any, world: World, network: Any,
+                 shards: list[list[tuple[int, int]]], round_seconds: float) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.world = world
+        self.shards = [CohortShard(params, seed, limits, world, Network(None, network, seed),  # type: ignore[arg-type]
+                                   cohorts, round_seconds) for cohorts in shards]
+        self.threads = len(self.shards)
+        self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="ldpsim-cohorts")
+
+    def _ready(self, day: int) -> None:
+        """The world at ``day`` with its values computed, before any shard reads them."""
+        self.world.advance_to(day)
+        self.world.values(np.empty(0, dtype=np.int64))
+
+    def observe(self, day: int) -> None:
+        self._ready(day)
+        for _ in self._pool.map(lambda s: s.observe(day), self.shards):
+            pass
+
+    def answer(self, raw: bytes, world_day: int, now: float) -> tuple[list[Answer], int]:
+        self._ready(world_day)
+        answers: list[Answer] = []
+        rejected = 0
+        for got, bad in self._pool.map(lambda s: s.answer(raw, world_day, now), self.shards):
+            answers += got
+            rejected += bad
+        return answers, rejected
+
+    def values(self, day: int) -> tuple[np.ndarray, int]:
+        self._ready(day)
+        return self.world.totals(0, self.world.n)
+
+    def guards(self) -> dict[str, int]:
+        counts = [s.guards() for s in self.shards]
+        return {k: sum(c[k] for c in counts) for k in counts[0]}
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
 
 
 class ShardPool(Protocol):

@@ -33,7 +33,7 @@ if "NUMBA_THREADING_LAYER" not in os.environ:
     nb.config.THREADING_LAYER = "workqueue"  # type: ignore[attr-defined]
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _truncated_normal_kernel(key, ids, mean, sd, lo, hi, out):
     """Exact inverse-CDF sampling of N(mean, sd) restricted to [lo, hi]."""
     a = 0.5 * math.erfc(-(lo - mean) / (sd * math.sqrt(2.0)))

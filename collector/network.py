@@ -23,13 +23,13 @@ from protocols import keyed
 from protocols.keyed import Purpose, stream_key
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _delay(latency, jitter, u):
     """The delay of a report whose keyed latency draw is u: latency - jitter log(1 - u)."""
     return latency - jitter * math.log1p(-u)
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _on_time_band(latency, jitter, time_left):
     """(u_lo, u_hi): a latency draw u < u_lo is on time and u >= u_hi late, both checked on :func:`_delay`
     itself (which rises with u); only draws in between need the logarithm to be told apart."""
@@ -44,7 +44,7 @@ def _on_time_band(latency, jitter, time_left):
     return u_lo, u_hi
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _fate_kernel(ids, loss_key, latency_key, loss, latency, jitter, time_left, fate):
     """fate[i]: 0 lost, 1 on time, 2 late, each report by its keyed loss draw (kept when u >= loss) and keyed
     exponential delay latency - jitter log(1 - u); returns the largest on-time and late delays (0 when none).

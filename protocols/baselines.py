@@ -78,7 +78,7 @@ def kflip_variance(h: np.ndarray, n: int, k: int, epsilon: float) -> np.ndarray:
     return (h * p * (1 - p) + (1 - h) * q * (1 - q)) / (n * (p - q) ** 2)
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _kflip_kernel(ids, buckets, k, p, key, out):
     for i in range(ids.shape[0]):
         if keyed.uniform2(key, ids[i], np.uint64(0)) < p:
@@ -198,7 +198,7 @@ def laplace_grid(epsilon: float, max_value: float) -> tuple[float, float, int]:
     return max_value / LAPLACE_STEPS, math.exp(-epsilon / LAPLACE_STEPS), int(math.ceil(LAPLACE_TAIL * LAPLACE_STEPS / epsilon))
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _laplace_kernel(ids, values, step, log_alpha, clamp, key, out):
     """Grid Laplace: randomized rounding of x/step to k, then k + G1 - G2 (G ~ Geometric(1 - alpha), so the
     difference is two-sided geometric), clamped to [-clamp, 1024 + clamp], times step."""

@@ -103,7 +103,7 @@ def binflipplus_variance(h: np.ndarray, n: int, epsilon: float) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------------------------- kernels
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _report_kernel(ids, buckets, key, public_key, q, hi, lo, out_s, out_b):
     """Each device's public seed s (uniform 0 of its round stream), y_b from s, and the bit (uniform 1)."""
     for i in range(ids.shape[0]):
@@ -113,7 +113,7 @@ def _report_kernel(ids, buckets, key, public_key, q, hi, lo, out_s, out_b):
         out_b[i] = keyed.uniform2(key, ids[i], np.uint64(1)) < (hi if y else lo)
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _estimate_kernel(s, b, k, public_key, q, lo, span, out):
     """out[v] = sum_i (t_i - q)(y_iv - q), the public bits y_iv expanded from each seed."""
     for i in range(s.shape[0]):

@@ -53,7 +53,7 @@ class Column:
         return col.astype(want, copy=False).reshape(col.shape[0], self.width)
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _claim(present, ids):  # pragma: no cover (compiled)
     """Mark devices ``ids`` present and return 0; or mark none and return 1 if one of them already is, 2 if the
     ids are not strictly increasing within [0, len(present))."""
@@ -67,7 +67,7 @@ def _claim(present, ids):  # pragma: no cover (compiled)
     return 0
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _scatter(data, ids, col):  # pragma: no cover (compiled)
     """data[ids[i], :] = col[i, :]."""
     for i in range(ids.shape[0]):

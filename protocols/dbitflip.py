@@ -229,7 +229,7 @@ class DBitFlipParams:
 
 
 # ------------------------------------------------------------------------------------------- kernels
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _sample_j(ids, k, d, key, out):
     """Floyd's algorithm: d distinct buckets of k per device, keyed by (key, device, step); sorted."""
     for i in range(ids.shape[0]):
@@ -251,7 +251,7 @@ def _sample_j(ids, k, d, key, out):
             count += 1
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _report_kernel(ids, buckets, J, pe, qe, key, memoized, flip_key, gamma, out_bits, out_input):
     """Bits of each device's report. Memoized: keyed by (device, memo input s, position) with the round-free
     ``key``; fresh: keyed by (device, position) with a per-round ``key``. Then output perturbation."""

@@ -14,7 +14,7 @@ from protocols.base import MisuseError
 from protocols.guard import Guarantee
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _add_bits(acc, values):
     for i in range(values.shape[0]):
         if values[i] > 0.5:

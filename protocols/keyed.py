@@ -123,19 +123,19 @@ def normal1(key, device):
     return inverse_normal_cdf((np.float64(z >> np.uint64(11)) + 0.5) * _TWO_M53)
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _uniform_kernel(key, ids, out):
     for i in range(ids.shape[0]):
         out[i] = uniform1(key, ids[i])
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _normal_kernel(key, ids, out):
     for i in range(ids.shape[0]):
         out[i] = normal1(key, ids[i])
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _uniform_sub_kernel(key, ids, subs, out):
     for i in range(ids.shape[0]):
         out[i] = uniform2(key, ids[i], np.uint64(subs[i]))

@@ -32,7 +32,7 @@ def alpha_round(x: np.ndarray, alpha: np.ndarray, s: float) -> np.ndarray:
     return (low + (x + alpha >= (low + 1.0) * s)).astype(np.int64)
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _bitset_insert(table, words, rows, items, new):
     for i in range(rows.shape[0]):
         w = rows[i] * words + (items[i] >> 6)
@@ -44,7 +44,7 @@ def _bitset_insert(table, words, rows, items, new):
             new[i] = True
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _hash_insert(table, width, rows, items, new):
     mask = np.uint64(table.shape[0] - 1)
     added = 0
@@ -65,14 +65,14 @@ def _hash_insert(table, width, rows, items, new):
     return added
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _bitset_contains(table, words, rows, items, out):
     for i in range(rows.shape[0]):
         w = rows[i] * words + (items[i] >> 6)
         out[i] = (table[w] >> np.uint64(items[i] & 63)) & np.uint64(1) == np.uint64(1)
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _hash_contains(table, width, rows, items, out):
     mask = np.uint64(table.shape[0] - 1)
     for i in range(rows.shape[0]):

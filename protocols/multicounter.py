@@ -71,7 +71,7 @@ def joint_report_pair(epsilon: float, counters: int) -> DiscretePair:
                           f"{c} randomized-response bits at eps")
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _multi_kernel(ids, values, m, p0, slope, key, out):
     for i in range(ids.shape[0]):
         for j in range(values.shape[1]):

@@ -58,7 +58,7 @@ def estimate_mean(b: np.ndarray, epsilon: float, m: float, gamma: float = 0.0) -
     return m / b.size * (total * (e + 1.0) - b.size) / (e - 1.0)
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _sums(x):  # pragma: no cover (compiled)
     """(sum x, sum x^2) in one pass, each over 8 interleaved partial sums (about numpy's own accuracy)."""
     s, q = np.zeros(8), np.zeros(8)
@@ -245,7 +245,7 @@ class OneBitParams:
 
 
 # ------------------------------------------------------------------------------------------- kernels
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _memo_kernel(ids, values, alpha, s, m, top, p0, slope, memo_key, flip_key, gamma, out_bits, out_grid):
     for i in range(ids.shape[0]):
         x = values[i]
@@ -259,7 +259,7 @@ def _memo_kernel(ids, values, alpha, s, m, top, p0, slope, memo_key, flip_key, g
         out_bits[i] = b
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _fresh_kernel(ids, values, m, p0, slope, report_key, flip_key, gamma, out_bits):
     for i in range(ids.shape[0]):
         b = keyed.uniform1(report_key, ids[i]) < p0 + slope * (values[i] / m)

@@ -398,7 +398,7 @@ class ThreshParams(VotingCaps):
 
 
 # ------------------------------------------------------------------------------------------- device side
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _vote_kernel(diff, taus, levels, t, cap_ok, out_yes):
     for i in range(diff.shape[0]):
         jstar = -2  # no threshold exceeded (difference 0)

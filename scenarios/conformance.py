@@ -95,11 +95,18 @@ def _summary(sc: Any) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------------------ checks
 def check_cohort_split(sc: Any) -> dict[str, Any]:
-    """Digests identical for cohort sizes 1, 7 and all devices; returns the digests."""
-    digests = {size: _summary(dataclasses.replace(
-        sc, simulation=dataclasses.replace(sc.simulation, cohort_size=size)))["digests"] for size in (1, 7, sc.devices)}
+    """Digests identical for cohort sizes 1, 7 and all devices, and for cohorts of 7 answered by 3 threads
+    (device sides must not share mutable state across cohorts); returns the digests."""
+    def digests_of(size: int, threads: int = 1) -> dict[str, Any]:
+        return _summary(dataclasses.replace(sc, simulation=dataclasses.replace(
+            sc.simulation, cohort_size=size, threads=threads, workers=1)))["digests"]
+
+    digests = {size: digests_of(size) for size in (1, 7, sc.devices)}
     if not digests[1] == digests[7] == digests[sc.devices]:
         raise _fail("cohort split", f"digests differ between cohort sizes 1, 7 and {sc.devices}: {digests}")
+    threaded = digests_of(7, threads=3)
+    if threaded != digests[7]:
+        raise _fail("cohort split", f"digests differ when 3 threads answer for the cohorts: {threaded} != {digests[7]}")
     return digests[1]
 
 

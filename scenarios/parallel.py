@@ -34,7 +34,8 @@ import numpy as np
 
 from protocols.ledger import Charge
 
-__all__ = ["ProcessShards", "WorkerError", "resolve_workers", "split_cohorts", "AUTO_DEVICE_ROUNDS", "AUTO_MIN_CORES"]
+__all__ = ["ProcessShards", "WorkerError", "resolve_threads", "resolve_workers", "split_cohorts", "AUTO_DEVICE_ROUNDS",
+           "AUTO_MIN_CORES", "AUTO_THREAD_DEVICE_ROUNDS"]
 
 #: ``workers = 0`` (auto): one worker per available core when devices x rounds is at least this and there are at
 #: least :data:`AUTO_MIN_CORES` cores, else none (a worker costs about a second to start: below this size the run
@@ -44,6 +45,11 @@ AUTO_DEVICE_ROUNDS = 20_000_000
 #: reports, closing rounds, the ledger) is a third of a 1BitRRPM run: 3M x 31 took 7.0-7.3 s in one process
 #: against 8.5-9.0 s on 2 workers (benchmarks/bench_parallel.py), so auto runs in one process below 4 cores.
 AUTO_MIN_CORES = 4
+
+#: ``threads = 0`` (auto) in a run that stays in one process: one thread per available core answers for the
+#: cohorts when devices x rounds is at least this (agents/shard.py ThreadShards), else the cohorts' own SimPy
+#: processes do. On the 2-core project machine 3M x 31 1BitRRPM took about a quarter less time on 2 threads.
+AUTO_THREAD_DEVICE_ROUNDS = 1_000_000
 
 _LEN = struct.Struct(">Q")
 
@@ -66,6 +72,17 @@ def resolve_workers(workers: int, devices: int, rounds: int, cohorts: int) -> in
         cores = available_cores()
         workers = cores if devices * rounds >= AUTO_DEVICE_ROUNDS and cores >= AUTO_MIN_CORES else 1
     return max(1, min(int(workers), int(cohorts)))
+
+
+def resolve_threads(threads: int, workers: int, devices: int, rounds: int, cohorts: int) -> int:
+    """The threads answering for the cohorts of a run in one process: ``threads`` (0: auto, see
+    :data:`AUTO_THREAD_DEVICE_ROUNDS`), never more than its cohorts; 1 (no threads) when worker processes
+    answer for them (``workers`` > 1)."""
+    if workers > 1:
+        return 1
+    if threads == 0:
+        threads = available_cores() if devices * rounds >= AUTO_THREAD_DEVICE_ROUNDS else 1
+    return max(1, min(int(threads), int(cohorts)))
 
 
 def split_cohorts(cohorts: list[tuple[int, int]], shards: int) -> list[list[tuple[int, int]]]:

@@ -18,7 +18,7 @@ import simpy
 import structlog
 
 from agents.cohort import CohortAgent
-from agents.shard import ShardedCohorts
+from agents.shard import ShardedCohorts, ThreadShards
 from agents.world import World
 from collector import spill
 from collector.hostile import Hostility
@@ -27,7 +27,7 @@ from collector.process import CollectorProcess
 from protocols.ledger import Ledger
 from scenarios import attacks
 from scenarios.metrics import round_metrics
-from scenarios.parallel import ProcessShards, resolve_workers, split_cohorts
+from scenarios.parallel import ProcessShards, resolve_threads, resolve_workers, split_cohorts
 from scenarios.schema import Scenario
 
 
@@ -127,9 +127,14 @@ def _run(sc: Scenario, t0: float, slices: list[tuple[int, int]], workers: int, p
     collector = CollectorProcess(env, protocol, network, [], sc.network.deadline, log,
                                  Hostility(sc.behavior, sc.protocol.max_value))
     cohorts: list[Any] = []
+    threads = resolve_threads(sc.simulation.threads, workers, sc.devices, sc.rounds, len(slices))
+    if pool is None and threads > 1:  # the cohorts answered by threads of this process, reading this world
+        pool = ThreadShards(sc.protocol, sc.seed, sc.limits, world, sc.network, split_cohorts(slices, threads),
+                            sc.simulation.round_seconds)
     if pool is not None:
         sharded = ShardedCohorts(env, pool, len(slices), world, network, ledger, collector.deliver)
-        world.use_values(pool.values)  # the truth from the values the workers compute anyway
+        if not isinstance(pool, ThreadShards):
+            world.use_values(pool.values)  # the truth from the values the workers compute anyway
         collector.cohort_inboxes.append(sharded.inbox)
         observing = hasattr(sc.protocol.make_devices(sc.seed, np.arange(1), sc.limits), "observe")
         observers: list[Any] = [sharded] if observing else []
@@ -175,11 +180,16 @@ def _run(sc: Scenario, t0: float, slices: list[tuple[int, int]], workers: int, p
             log.info("round_beyond_horizon", round=t, reports=collector.stats.reports_accepted)
 
     done = env.process(clock())
-    env.run(until=done)
-    extra: dict[str, Any] = {"workers": workers}
+    try:
+        env.run(until=done)
+    finally:
+        if isinstance(pool, ThreadShards):
+            pool.close()
+    extra: dict[str, Any] = {"workers": workers, "threads": threads}
     if pool is not None:
         guards, rejected = pool.guards(), sharded.rejected
-        extra["worker_stats"] = pool.stats()
+        if not isinstance(pool, ThreadShards):
+            extra["worker_stats"] = pool.stats()
     else:
         guards, rejected = guard_counts([c.device for c in cohorts]), sum(c.rejected for c in cohorts)
     wall = time.perf_counter() - t0

@@ -43,6 +43,7 @@ class Simulation:
     cohort_size: int = 10_000
     round_seconds: float = 86_400.0
     workers: int = 0  # worker processes answering for the cohorts (scenarios/parallel.py); 0: auto
+    threads: int = 0  # threads answering for the cohorts in a run's own process (agents/shard.py); 0: auto
 
 
 #: [analysis] attacks: on by default when devices x rounds is at most this (e.g. 100,000 devices x 100 rounds,
@@ -317,6 +318,8 @@ def parse(data: dict[str, Any]) -> Scenario:
         round_seconds=st.get("round_seconds", float, 86_400.0, check=_positive, what="> 0"),
         workers=st.get("workers", int, 0, check=lambda v: 0 <= v <= 1024,
                        what="an integer in [0, 1024] (0: one per core for large runs on 4+ cores)"),
+        threads=st.get("threads", int, 0, check=lambda v: 0 <= v <= 1024,
+                       what="an integer in [0, 1024] (0: one per core when the run is in one process)"),
     )
     st.done()
     for i, at_time in change_times.items():  # a change at a simulated time: from the first round starting then

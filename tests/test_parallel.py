@@ -33,11 +33,24 @@ def _same_run(a: tuple[dict, runner.RunResult], b: tuple[dict, runner.RunResult]
     ("apps_multi", ("population.groups.1.joins=3",)),  # several counters a device; devices joining late
 ])
 def test_two_workers_run_exactly_what_one_process_runs(name, extra):
-    one = _run(name, 1, 300, *extra)
+    one = _run(name, 1, 300, "simulation.threads=1", *extra)
     two = _run(name, 2, 300, *extra)
-    assert two[1].extra["workers"] == 2 and one[1].extra["workers"] == 1
+    assert two[1].extra["workers"] == 2 and one[1].extra["workers"] == 1 and one[1].extra["threads"] == 1
     _same_run(one, two)  # the same cohorts: the same messages too
     assert _run(name, 1, 700, *extra)[0]["digests"] == two[0]["digests"]  # other cohorts: the same digests
+    threaded = _run(name, 1, 300, "simulation.threads=3", *extra)  # the cohorts answered by 3 threads
+    assert threaded[1].extra["threads"] == 3 and threaded[1].extra["workers"] == 1
+    _same_run(one, threaded)
+
+
+def test_threads_resolve_to_the_cores_for_runs_in_one_process_only(monkeypatch):
+    monkeypatch.setattr(parallel, "available_cores", lambda: 6)
+    big = parallel.AUTO_THREAD_DEVICE_ROUNDS
+    assert parallel.resolve_threads(0, 1, big, 1, 100) == 6  # auto: one per core
+    assert parallel.resolve_threads(0, 1, big - 1, 1, 100) == 1  # small runs: the cohorts' own processes
+    assert parallel.resolve_threads(0, 1, big, 1, 4) == 4  # never more than the cohorts
+    assert parallel.resolve_threads(0, 3, big, 1, 100) == 1  # worker processes answer instead
+    assert parallel.resolve_threads(5, 1, 10, 1, 100) == 5  # an explicit number is taken as it is
 
 
 def test_workers_resolve_to_the_cores_only_for_large_runs_and_never_beyond_the_cohorts(monkeypatch):
@@ -74,6 +87,8 @@ def test_a_worker_that_fails_is_a_clear_error_and_no_process_is_left(monkeypatch
 def test_a_bad_workers_value_names_the_key():
     with pytest.raises(schema.ScenarioError, match="simulation.workers"):
         schema.load("quickstart", ["simulation.workers=-1"])
+    with pytest.raises(schema.ScenarioError, match="simulation.threads"):
+        schema.load("quickstart", ["simulation.threads=2000"])
 
 
 @pytest.mark.parametrize("name, extra", [
