@@ -1,14 +1,16 @@
-"""Benchmark: one run's cohorts in N worker processes (``[simulation] workers``, scenarios/parallel.py).
+"""Benchmark: one run's cohorts answered in parallel: by N worker processes (``[simulation] workers``,
+scenarios/parallel.py) or by T threads of the run's own process (``[simulation] threads``, agents/shard.py).
 
-Runs the shipped 31-day app-usage scenario (1BitRRPM, gamma 0.1) at the given population once per worker count,
-each in a fresh child process, and reports the simulation's wall time (``runner.run``), the speed-up over one
-worker measured in the same invocation, whether every digest equals the one-worker run's, the run's peak memory
-(its own process plus its workers) and, as the machine's yardstick, numpy's single-thread uniform draws per second.
-Appends one record to benchmarks/results.jsonl.
+Runs the shipped 31-day app-usage scenario (1BitRRPM, gamma 0.1) at the given population once per configuration,
+each in a fresh child process: every thread count in one process (workers = 1), then every worker count above
+one. It reports the simulation's wall time (``runner.run``), the speed-up over the first configuration measured
+in the same invocation, whether every digest equals that run's, the run's peak memory (its own process plus its
+workers) and, as the machine's yardstick, numpy's single-thread uniform draws per second. Appends one record to
+benchmarks/results.jsonl.
 
-    python benchmarks/bench_parallel.py                                  # 3,000,000 x 31, workers 1 and 2
-    python benchmarks/bench_parallel.py --workers 1,2,4,8,16 --devices 3000000
-    python benchmarks/bench_parallel.py --workers 1,16 --devices 100000000 --cohort-size 1000000
+    python benchmarks/bench_parallel.py                      # 3,000,000 x 31: 1 thread, 2 threads, 2 workers
+    python benchmarks/bench_parallel.py --workers 1,2,4,8,16 --threads 1,16 --devices 3000000
+    python benchmarks/bench_parallel.py --workers 1 --threads 2 --devices 100000000 --cohort-size 1000000
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from yardstick import numpy_uniforms_per_second  # benchmarks/yardstick.py
 ROOT = Path(__file__).resolve().parent
 
 
-def one(devices: int, rounds: int, cohort: int, workers: int) -> dict:
+def one(devices: int, rounds: int, cohort: int, workers: int, threads: int) -> dict:
     """One run in this process (called in a child): its wall time, digests and memory."""
     sys.path.insert(0, str(ROOT.parent))
     from scenarios import output, runner, schema
@@ -37,17 +39,19 @@ def one(devices: int, rounds: int, cohort: int, workers: int) -> dict:
     runner.run(schema.load("app_usage_31d", ["population.devices=1000", "rounds=2", "simulation.workers=1"]))
     sc = schema.load("app_usage_31d", [f"population.devices={devices}", f"rounds={rounds}",
                                        f"simulation.cohort_size={cohort}", f"simulation.workers={workers}",
-                                       "protocol.gamma=0.1", "analysis.attacks=false"])
+                                       f"simulation.threads={threads}", "protocol.gamma=0.1",
+                                       "analysis.attacks=false"])
     result = runner.run(sc)
     summ = output.summary(result)
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     stats = result.extra.get("worker_stats", [])
-    return {"workers": workers, "simulate_seconds": round(result.wall_seconds, 3), "digests": summ["digests"],
+    return {"workers": result.extra["workers"], "threads": result.extra["threads"], "simulate_seconds": round(result.wall_seconds, 3), "digests": summ["digests"],
             "mean_abs_error": summ["error"]["mean_abs"], "peak_mb_run_process": round(own),
             "peak_mb_workers": [round(w["peak_mb"]) for w in stats],
             "worker_answer_seconds": [round(w["answer_seconds"], 2) for w in stats],
             "worker_send_seconds": [round(w["send_seconds"], 2) for w in stats],
             "worker_cpu_seconds": [round(w["cpu_seconds"], 2) for w in stats],
+            "worker_prefetch_seconds": [round(w.get("prefetch_seconds", 0.0), 2) for w in stats],
             "peak_mb_total": round(own + sum(w["peak_mb"] for w in stats))}
 
 
@@ -56,18 +60,23 @@ def main() -> None:
     ap.add_argument("--devices", type=int, default=3_000_000)
     ap.add_argument("--rounds", type=int, default=31)
     ap.add_argument("--cohort-size", type=int, default=100_000)
-    ap.add_argument("--workers", default="1,2", help="comma-separated worker counts; the first is the baseline")
+    ap.add_argument("--workers", default="1,2", help="comma-separated worker process counts; the first is the baseline")
+    ap.add_argument("--threads", default="1,2", help="comma-separated thread counts, each run with one process "
+                                                     "(workers = 1); the first is the baseline's")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--one-threads", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--no-record", action="store_true", help="do not append to benchmarks/results.jsonl")
     args = ap.parse_args()
     if args.one is not None:
-        print(json.dumps(one(args.devices, args.rounds, args.cohort_size, args.one)))
+        print(json.dumps(one(args.devices, args.rounds, args.cohort_size, args.one, args.one_threads)))
         return
-    counts = [int(w) for w in args.workers.split(",")]
+    threads = [int(t) for t in args.threads.split(",")]
+    runs = [(w, t) for w in (int(w) for w in args.workers.split(",")) for t in (threads if w == 1 else [1])]
     uni = numpy_uniforms_per_second()
     rows = []
-    for w in counts:
-        out = subprocess.run([sys.executable, __file__, "--one", str(w), "--devices", str(args.devices),
+    for w, t in runs:
+        out = subprocess.run([sys.executable, __file__, "--one", str(w), "--one-threads", str(t),
+                              "--devices", str(args.devices),
                               "--rounds", str(args.rounds), "--cohort-size", str(args.cohort_size)],
                              check=True, capture_output=True, text=True)
         row = json.loads(out.stdout.strip().splitlines()[-1])
@@ -76,7 +85,7 @@ def main() -> None:
         row["speedup"] = round(base["simulate_seconds"] / row["simulate_seconds"], 2)
         row["digests_equal"] = row["digests"] == base["digests"]
         dr = args.devices * args.rounds / row["simulate_seconds"]
-        print(f"| {w:>3} workers | {row['simulate_seconds']:7.2f} s | {dr / 1e6:6.1f} M device-rounds/s | "
+        print(f"| {w:>3} workers, {t:>2} threads | {row['simulate_seconds']:7.2f} s | {dr / 1e6:6.1f} M device-rounds/s | "
               f"x{row['speedup']:.2f} | {dr / uni:.3f} of numpy draws/s | digests equal: {row['digests_equal']} | "
               f"peak {row['peak_mb_total']:,} MB |", flush=True)
     record = {"benchmark": "parallel_cohorts", "date": time.strftime("%Y-%m-%d"),
