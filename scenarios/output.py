@@ -223,6 +223,8 @@ def summary(result: RunResult) -> dict:
         "devices": sc.devices,
         "rounds": sc.rounds,
         "cohort_size": sc.simulation.cohort_size,
+        # how the device cohorts were answered (None: a live run, whose devices are processes of their own)
+        "parallelism": result.extra.get("parallelism"),
         "parameters": {**dataclasses.asdict(sc.protocol), "round_epsilon": sc.protocol.round_epsilon},
         "error": {**error_summary(sc.protocol.kind, truth, est, bucket_width(sc.protocol)),
                   **(_range_errors(sc, truth, est) if sc.protocol.kind == "stream" else {})},

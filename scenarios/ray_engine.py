@@ -154,6 +154,8 @@ class RayShards:
     started here is shut down by :meth:`close`. ``max_restarts``: how often Ray restarts each actor;
     ``restart_timeout``: seconds to wait for a restarted actor before the run fails."""
 
+    engine = "ray actors"  # what summary.json's "parallelism" calls it
+
     def __init__(self, scenario_data: dict, shards: list[list[tuple[int, int]]], address: str | None = None,
                  max_restarts: int = 3, restart_timeout: float = 300.0, cpus_per_shard: float = 1.0) -> None:
         ray = require_ray()

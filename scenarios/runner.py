@@ -127,7 +127,8 @@ def _run(sc: Scenario, t0: float, slices: list[tuple[int, int]], workers: int, p
     collector = CollectorProcess(env, protocol, network, [], sc.network.deadline, log,
                                  Hostility(sc.behavior, sc.protocol.max_value))
     cohorts: list[Any] = []
-    threads = resolve_threads(sc.simulation.threads, workers, sc.devices, sc.rounds, len(slices))
+    threads = 1 if pool is not None else resolve_threads(sc.simulation.threads, workers, sc.devices, sc.rounds,
+                                                         len(slices))
     if pool is None and threads > 1:  # the cohorts answered by threads of this process, reading this world
         pool = ThreadShards(sc.protocol, sc.seed, sc.limits, world, sc.network, split_cohorts(slices, threads),
                             sc.simulation.round_seconds)
@@ -185,7 +186,10 @@ def _run(sc: Scenario, t0: float, slices: list[tuple[int, int]], workers: int, p
     finally:
         if isinstance(pool, ThreadShards):
             pool.close()
-    extra: dict[str, Any] = {"workers": workers, "threads": threads}
+    engine = ("one SimPy process per cohort" if pool is None else "threads" if isinstance(pool, ThreadShards)
+              else "worker processes" if isinstance(pool, ProcessShards) else getattr(pool, "engine", "other"))
+    extra: dict[str, Any] = {"workers": workers, "threads": threads,
+                             "parallelism": {"workers": workers, "threads": threads, "engine": engine}}
     if pool is not None:
         guards, rejected = pool.guards(), sharded.rejected
         if not isinstance(pool, ThreadShards):

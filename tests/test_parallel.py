@@ -41,6 +41,10 @@ def test_two_workers_run_exactly_what_one_process_runs(name, extra):
     threaded = _run(name, 1, 300, "simulation.threads=3", *extra)  # the cohorts answered by 3 threads
     assert threaded[1].extra["threads"] == 3 and threaded[1].extra["workers"] == 1
     _same_run(one, threaded)
+    # summary.json says how the cohorts were answered
+    assert threaded[0]["parallelism"] == {"workers": 1, "threads": 3, "engine": "threads"}
+    assert two[0]["parallelism"] == {"workers": 2, "threads": 1, "engine": "worker processes"}
+    assert one[0]["parallelism"] == {"workers": 1, "threads": 1, "engine": "one SimPy process per cohort"}
 
 
 def test_threads_resolve_to_the_cores_for_runs_in_one_process_only(monkeypatch):

@@ -53,6 +53,7 @@ def test_topl_on_two_ray_shards_runs_exactly_what_one_process_runs(ray):
     extra = ("rounds=3",)  # thresholds broadcast mid-round
     result = runner.run(_load("topl_pos", *extra), engine=ray_engine.engine(shards=2))
     assert result.extra["workers"] == 2
+    assert output.summary(result)["parallelism"] == {"workers": 2, "threads": 1, "engine": "ray actors"}
     assert output.summary(result)["digests"] == _digests("topl_pos", *extra)
     assert [s["restarts"] for s in result.extra["worker_stats"]] == [0.0, 0.0]
 
