@@ -12,7 +12,7 @@ the whole sweep (scenarios/sweep_worker.py): each is started with numba, OpenMP,
 one thread (NUMBA_NUM_THREADS=1 and the like in its environment before anything is imported, so W workers
 use W cores without oversubscribing them), loads the numba kernels of the sweep's protocols once in the
 pool initializer (a warm-up run on a few hundred devices), then takes runs one after another, each with its
-cohorts in that process (``[simulation] workers = 1`` unless the scenario sets it: the sweep is parallel
+cohorts in that process (``[simulation] workers = 1`` and ``threads = 1`` unless the scenario sets them: the sweep is parallel
 across runs); it exits by itself if the sweep's process dies. ``--cluster tcp://HOST:PORT`` sends the runs to a running Dask
 distributed scheduler instead (its workers need ldpsim installed, and any data file the scenario names at
 the same path), and ``--cluster local:N`` starts a Dask LocalCluster of N single-threaded worker processes

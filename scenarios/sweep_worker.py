@@ -52,9 +52,9 @@ def _json_default(o: Any) -> Any:
 def run_job(job: dict[str, Any], one_process: bool = False) -> dict[str, Any]:
     """Run one (point, repetition) in this process: ``job`` = {"index", "repetition", "seed", "scenario"}.
     Returns {"index", "repetition", "seed", "summary"}, or "error" and "traceback" for a run that raised.
-    ``one_process``: a run left to choose its own ``[simulation] workers`` (auto) keeps its cohorts in this
-    process (a worker of a pool or cluster is one core; the sweep is parallel across runs); an explicit
-    ``workers`` is kept."""
+    ``one_process``: a run left to choose its own ``[simulation] workers`` and ``threads`` (auto) keeps its
+    cohorts in this process and on this thread (a worker of a pool or cluster is one core; the sweep is
+    parallel across runs); an explicit ``workers`` or ``threads`` is kept."""
     index, rep, seed = job["index"], job["repetition"], job["seed"]
     try:
         from scenarios import output, runner
@@ -62,8 +62,10 @@ def run_job(job: dict[str, Any], one_process: bool = False) -> dict[str, Any]:
 
         # a sweep records summaries only: the attack metrics (which keep every device's true values) are not read
         sc = dataclasses.replace(parse(job["scenario"]), attacks=False)
-        if one_process and sc.simulation.workers == 0:
-            sc = dataclasses.replace(sc, simulation=dataclasses.replace(sc.simulation, workers=1))
+        if one_process and (sc.simulation.workers == 0 or sc.simulation.threads == 0):
+            sim = sc.simulation
+            sc = dataclasses.replace(sc, simulation=dataclasses.replace(
+                sim, workers=sim.workers or 1, threads=sim.threads or 1))
         result = runner.run(sc)
         summary = json.loads(json.dumps(output.summary(result), default=_json_default))  # plain JSON values
         return {"index": index, "repetition": rep, "seed": seed, "summary": summary}

@@ -532,12 +532,13 @@ def test_results_parquet_holds_the_csv_rows_typed(two_workers):
 
 
 def test_a_run_in_a_pool_or_cluster_worker_keeps_its_cohorts_there(monkeypatch):
-    """A worker is one core: a run left on auto `[simulation] workers` gets 1 there (no shard processes
-    per run); in-process (--workers 1) it keeps auto; an explicit value is kept everywhere."""
-    seen: list[int] = []
+    """A worker is one core: a run left on auto `[simulation] workers` and `threads` gets 1 of each there (no
+    shard processes or threads per run); in-process (--workers 1) it keeps auto; an explicit value is kept
+    everywhere."""
+    seen: list[tuple[int, int]] = []
 
     def record(sc, *a, **kw):
-        seen.append(sc.simulation.workers)
+        seen.append((sc.simulation.workers, sc.simulation.threads))
         raise RuntimeError("recorded")
 
     monkeypatch.setattr(runner, "run", record)
@@ -546,10 +547,12 @@ def test_a_run_in_a_pool_or_cluster_worker_keeps_its_cohorts_there(monkeypatch):
     auto = sweep.build_jobs(sweep.plan("quickstart", ["protocol.epsilon=1"], repeat=1))[0]
     three = sweep.build_jobs(sweep.plan("quickstart", ["protocol.epsilon=1"], repeat=1,
                                         overrides=["simulation.workers=3"]))[0]
-    for job in (auto, three):
+    two_threads = sweep.build_jobs(sweep.plan("quickstart", ["protocol.epsilon=1"], repeat=1,
+                                              overrides=["simulation.threads=2"]))[0]
+    for job in (auto, three, two_threads):
         for run in (sweep.sweep_worker.run_job, sweep.sweep_worker.pool_job, sweep.sweep_worker.cluster_job):
             assert "recorded" in run(job)["error"]
-    assert seen == [0, 1, 1, 3, 3, 3]
+    assert seen == [(0, 0), (1, 1), (1, 1), (3, 0), (3, 1), (3, 1), (0, 2), (1, 2), (1, 2)]
 
 
 def test_pinning_a_worker_thread_to_one_numba_thread(monkeypatch):
