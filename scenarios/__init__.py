@@ -8,8 +8,8 @@ Importing the package imports none of its modules; import the one you need
 - ``runner``: a run in simulated time (SimPy); ``parallel``, ``ray_engine``: its cohorts in worker processes or
   Ray actors; ``live``,
   ``journal``: live runs over TCP and their crash-safe journals;
-- ``output``, ``tables``, ``plots``, ``metrics``, ``accounting``: the run directory: summary, tables,
-  pictures, error metrics, (eps, delta) accounting;
+- ``output``, ``tables``, ``plots``, ``plot_process``, ``metrics``, ``accounting``: the run directory: summary,
+  tables, pictures (drawn by a process of their own for large runs), error metrics, (eps, delta) accounting;
 - ``audit``: ``ldpsim audit``, replaying devices through protocols/reference.py's one-device models;
 - ``attacks``, ``privacy_audit``: what a curious collector learns, and empirical lower bounds on epsilon;
 - ``conformance``: the conformance kit every protocol (built in or a plugin) must pass, for test suites;
@@ -20,5 +20,5 @@ Importing the package imports none of its modules; import the one you need
 
 __all__ = [
     "accounting", "attacks", "audit", "cli", "compare", "conformance", "journal", "live", "metrics", "output", "parallel",
-    "plots", "privacy_audit", "ray_engine", "runner", "schema", "sweep", "sweep_worker", "tables",
+    "plot_process", "plots", "privacy_audit", "ray_engine", "runner", "schema", "sweep", "sweep_worker", "tables",
 ]

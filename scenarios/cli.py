@@ -57,19 +57,10 @@ ERROR_OF = {"mean": "of each round's mean counter, in the counter's units",
             "histogram": "of each bucket's frequency",
             "counters": "of each round's mean of each counter, in the counters' units"}
 
-#: devices x rounds from which ``ldpsim run`` imports matplotlib in another thread while it simulates
-PRELOAD_PLOTS = 10_000_000
-
-
-def _import_plots() -> None:
-    """matplotlib for the run directory's plots (0.3-0.5 s of imports), while the run's process mostly waits for
-    its shard workers; the plots import it themselves if this has not finished (or failed)."""
-    import importlib
-
-    try:
-        importlib.import_module("scenarios.plots")
-    except Exception:  # the same error comes back when the plots import it
-        pass
+#: devices x rounds from which ``ldpsim run`` draws the run directory's pictures in a process of its own, started
+#: when the run begins (scenarios/plot_process.py): it imports matplotlib while the run simulates and draws
+#: while this process writes the tables
+PLOT_PROCESS = 10_000_000
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -100,12 +91,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"ldpsim: {scenario.name}: {scenario.devices:,} devices x {scenario.rounds} rounds, "
           f"{scenario.protocol.name} (eps = {scenario.protocol.epsilon:g}) -> {out}", file=sys.stderr)
     update, close = _progress_bar(scenario.rounds, not args.quiet)
-    if scenario.devices * scenario.rounds >= PRELOAD_PLOTS:
-        threading.Thread(target=_import_plots, name="ldpsim-import-plots", daemon=True).start()
-    with open(out / "events.jsonl", "w", encoding="utf-8") as events:
-        result = runner.run(scenario, events=events, progress=update, engine=engine)
-    close()
-    summary = output.write_run_dir(result, out, ledger_rows=not args.no_ledger_rows, transcript=args.transcript)
+    painter = None
+    if scenario.devices * scenario.rounds >= PLOT_PROCESS:
+        from scenarios import plot_process
+
+        painter = plot_process.start()
+    try:
+        with open(out / "events.jsonl", "w", encoding="utf-8") as events:
+            result = runner.run(scenario, events=events, progress=update, engine=engine)
+        close()
+        summary = output.write_run_dir(result, out, ledger_rows=not args.no_ledger_rows, transcript=args.transcript,
+                                       painter=painter)
+    finally:
+        if painter is not None:
+            painter.close()
     err, eps, pv = summary["error"], summary["epsilon"], summary["privacy"]
     print(f"mean |error| {_num(err['mean_abs'])}, max |error| {_num(err['max_abs'])} "
           f"({ERROR_OF.get(scenario.protocol.kind, 'per estimated number')}); per-device spend: "

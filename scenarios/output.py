@@ -6,7 +6,8 @@ The large tables (spend.parquet, ledger.parquet, transcript.parquet) are written
 the calling thread draws the plots, computes the attack metrics and the summary: pyarrow encodes and compresses
 without holding the GIL (the writer takes it a few times per million rows); matplotlib and the digests hold it.
 With a core free the tables cost next to nothing. matplotlib (scenarios/plots.py) is imported only when the
-first plot is drawn (``ldpsim run`` imports it in another thread while a large run simulates)."""
+first plot is drawn. ``ldpsim run`` of a large run passes a plot process (scenarios/plot_process.py), started
+when the run began, which draws estimates.png and spend.png while this process writes the rest."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import textwrap
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -27,6 +28,9 @@ from scenarios.runner import RunResult, bucket_width
 from scenarios import tables
 from scenarios import accounting
 from scenarios.tables import atomic_path
+
+if TYPE_CHECKING:
+    from scenarios.plot_process import PlotProcess
 
 
 CSV_CHUNK = 200_000
@@ -151,9 +155,10 @@ def write_downlink(result: RunResult, out: Path) -> None:
     tmp.replace(out / "downlink.jsonl")
 
 
-def draw_spend(result: RunResult, path: Path) -> None:
+def draw_spend(result: RunResult, path: Path, painter: PlotProcess | None = None) -> None:
     """spend.png, labelled with the kind of number the ledger holds and the run's guarantee; for memoized
-    protocols the worst-case loss against any device is stated apart, never drawn beside the spend."""
+    protocols the worst-case loss against any device is stated apart, never drawn beside the spend.
+    ``painter``: draw it there (scenarios/plot_process.py), not in this process."""
     sc = result.scenario
     g = sc.protocol.guarantee(sc.collections)
     label, note = "cumulative ε per device", ""
@@ -164,8 +169,12 @@ def draw_spend(result: RunResult, path: Path) -> None:
         how = method if exact or method.startswith("upper bound") else f"upper bound: {method}"
         note = textwrap.fill(f"Not on this plot (a different kind of number): the worst-case loss of a device's whole "
                              f"transcript against any other device's is {shown} ({how}).", 160)
-    _plots().spend_plot(path, result.ledger.history, result.ledger.spend, f"per-device spend: {sc.protocol.name}",
-                        label, (g.value, f"guarantee {g.value:.3g}" + (" (within pattern)" if note else "")), note)
+    args = (result.ledger.history, result.ledger.spend, f"per-device spend: {sc.protocol.name}", label,
+            (g.value, f"guarantee {g.value:.3g}" + (" (within pattern)" if note else "")), note)
+    if painter is not None:
+        painter.draw("spend_plot", path, *args)
+    else:
+        _plots().spend_plot(path, *args)
 
 
 def _finite(x: float) -> float | None:
@@ -247,8 +256,10 @@ def summary(result: RunResult) -> dict:
     }
 
 
-def _write_estimates(result: RunResult, out: Path, seconds: dict[str, float] | None = None) -> None:
-    """estimates.csv and estimates.png; their seconds into ``seconds``."""
+def _write_estimates(result: RunResult, out: Path, seconds: dict[str, float] | None = None,
+                     painter: PlotProcess | None = None) -> None:
+    """estimates.csv and estimates.png; their seconds into ``seconds`` (the picture's when ``painter`` has
+    drawn it, which is asked to draw it rather than this process)."""
     sc, recs = result.scenario, result.rounds
     seconds = {} if seconds is None else seconds
 
@@ -256,6 +267,9 @@ def _write_estimates(result: RunResult, out: Path, seconds: dict[str, float] | N
         _timed(seconds, "estimates.csv", write_csv, out / "estimates.csv", header, columns)
 
     def draw(plot: str, *args: Any) -> None:
+        if painter is not None:
+            painter.draw(plot, out / "estimates.png", *args)
+            return
         _timed(seconds, "estimates.png", lambda: getattr(_plots(), plot)(out / "estimates.png", *args))
 
     rounds = np.array([r.round for r in recs])
@@ -420,14 +434,17 @@ class _Background:
         return self._value
 
 
-def write_run_dir(result: RunResult, out: Path, ledger_rows: bool = True, transcript: str = "auto") -> dict:
+def write_run_dir(result: RunResult, out: Path, ledger_rows: bool = True, transcript: str = "auto",
+                  painter: PlotProcess | None = None) -> dict:
     """Write every file of the run directory except events.jsonl (streamed during the run). ``ledger_rows``:
     write the ledger tables; ``transcript``: "always", "auto" (when devices x rounds <= TRANSCRIPT_AUTO_LIMIT)
     or "never" writes transcript.parquet. Every file is written under a temporary name and moved into place;
     summary.json last. The tables are written in a background thread while this one draws the plots and makes the
     summary (module docstring); summary.json's ``write_seconds`` holds the seconds of the whole directory
     (``total``, up to summary.json), of each file (``files``: a file's own wall time, which overlaps the other
-    thread's files) and of the summary and the attack metrics (``computed``)."""
+    thread's files) and of the summary and the attack metrics (``computed``). ``painter``: a plot process
+    (scenarios/plot_process.py) that draws estimates.png and spend.png meanwhile; they are waited for before
+    summary.json."""
     start = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     sc = result.scenario
@@ -439,7 +456,7 @@ def write_run_dir(result: RunResult, out: Path, ledger_rows: bool = True, transc
     background = _Background(lambda: write_tables(result, out, ledger_rows, transcript, table_seconds),
                              "ldpsim-run-dir-tables")
     try:
-        _write_estimates(result, out, seconds)
+        _write_estimates(result, out, seconds, painter)
         files: dict[str, dict] = {}
         hist = led.history
         keys = ["round", "min", "mean", "p50", "p90", "p99", "max"]
@@ -447,8 +464,11 @@ def write_run_dir(result: RunResult, out: Path, ledger_rows: bool = True, transc
             _timed(seconds, "spend_over_time.csv", write_csv, out / "spend_over_time.csv", keys,
                    [np.array([h[k] for h in hist]) for k in keys])
             files["spend_over_time.csv"] = {"written": True, "rows": len(hist)}
-            with atomic_path(out / "spend.png") as tmp:
-                _timed(seconds, "spend.png", draw_spend, result, tmp)
+            if painter is not None:  # plots.save writes it under a temporary name, then renames it
+                draw_spend(result, out / "spend.png", painter)
+            else:
+                with atomic_path(out / "spend.png") as tmp:
+                    _timed(seconds, "spend.png", draw_spend, result, tmp)
         else:
             (out / "spend.png").unlink(missing_ok=True)
         _timed(seconds, "scenario.json", _write_text, out / "scenario.json", json.dumps(sc.as_run, indent=2) + "\n")
@@ -467,6 +487,8 @@ def write_run_dir(result: RunResult, out: Path, ledger_rows: bool = True, transc
         background.wait()  # no table is left half-written behind the error
         raise
     table_files = background.result()
+    if painter is not None:
+        painter.finish(seconds)
     if not eps_delta[accounting.CSV]["written"]:
         del seconds[accounting.CSV]
     s["attacks"] = report.summary
