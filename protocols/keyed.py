@@ -12,6 +12,7 @@ hot path of every simulation: about 4 ns per draw, against 60 ns for the same ar
 from __future__ import annotations
 
 import enum
+import functools
 import math
 
 import numba as nb
@@ -53,8 +54,10 @@ def _mix_int(z: int) -> int:
     return z ^ (z >> 31)
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def stream_key(seed: int, purpose: int, *context: int) -> int:
-    """The 64-bit key of one stream: seed, purpose tag and integer context (round, grid index, ...)."""
+    """The 64-bit key of one stream: seed, purpose tag and integer context (round, grid index, ...). Cached:
+    every cohort of a round asks for the same few keys."""
     k = _mix_int(int(seed) * GOLDEN + 0x5851F42D4C957F2D)
     for part in (int(purpose), *context):
         k = _mix_int(k ^ (int(part) & MASK64))

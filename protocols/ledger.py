@@ -15,6 +15,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Iterator
 
+import numba as nb
 import numpy as np
 
 # Reasons a device is charged. Stable strings: they appear in ledger files and digests.
@@ -64,6 +65,30 @@ def quantiles(values: np.ndarray, cumulative: np.ndarray, qs: tuple[float, ...])
         above = min(below + 1, n - 1)
         out[i] = np.quantile(order_statistics(values, cumulative, np.array([below, above])), virtual - below)
     return out
+
+
+@nb.njit(cache=True, nogil=True)
+def _increasing(ids):  # pragma: no cover (compiled)
+    """Whether ``ids`` are strictly increasing."""
+    for i in range(1, ids.shape[0]):
+        if ids[i] <= ids[i - 1]:
+            return False
+    return True
+
+
+@nb.njit(cache=True, nogil=True)
+def _add_at(target, ids, amount):  # pragma: no cover (compiled)
+    """target[ids] += amount for distinct ``ids`` (no temporaries)."""
+    for i in range(ids.shape[0]):
+        target[ids[i]] += amount
+
+
+@nb.njit(cache=True, nogil=True)
+def _max_at(target, ids, amount):  # pragma: no cover (compiled)
+    """target[ids] = max(target[ids], amount) for distinct ``ids``."""
+    for i in range(ids.shape[0]):
+        if target[ids[i]] < amount:
+            target[ids[i]] = amount
 
 
 class _SpendOrder:
@@ -151,12 +176,14 @@ class Ledger:
         ids = np.asarray(charge.devices)
         if ids.size == 0:
             return
+        if ids.ndim != 1 or ids.dtype.kind not in "iu":
+            raise ValueError("charge devices must be a one-dimensional array of integer ids")
         lo, hi = int(ids[0]), int(ids[-1])
         if lo < 0 or hi >= self.n_devices:
             raise ValueError(f"charge names devices outside [0, {self.n_devices})")
-        contiguous = hi - lo + 1 == ids.size
-        if not contiguous and np.any(np.diff(ids.astype(np.int64)) <= 0):
+        if not _increasing(ids):  # one compiled pass; then first and last bound them all
             raise ValueError("charge devices must be strictly increasing")
+        contiguous = hi - lo + 1 == ids.size
         target = self.spend if charge.cumulative else None
         if target is not None and charge.amount != 0.0:
             self._order.charged(target, ids if not contiguous else slice(lo, hi + 1), ids.size, charge.amount)
@@ -172,9 +199,9 @@ class Ledger:
             self._chunks.append((charge.round, charge.time, charge.reason, charge.amount, charge.cumulative,
                                  lo, hi + 1, stored))
             if target is not None:
-                target[stored] += charge.amount
+                _add_at(target, stored, float(charge.amount))
             else:
-                self.round_epsilon[stored] = np.maximum(self.round_epsilon[stored], charge.amount)
+                _max_at(self.round_epsilon, stored, float(charge.amount))
 
     def snapshot(self) -> dict:
         """Every charge recorded, the spend, the per-report guarantees and the spend history, as arrays

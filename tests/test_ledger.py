@@ -185,3 +185,21 @@ def test_the_spend_multiset_refuses_to_lose_a_device():
     order.old[0] = np.array([5.0, 5.0, 5.0])  # a value never held
     with pytest.raises(ValueError, match="lost track"):
         order.sorted(spend)
+
+
+def test_a_charge_must_name_strictly_increasing_devices_even_when_first_and_last_span_its_size():
+    """[1, 1, 3, 4] has as many ids as 1..4 but is not that range: refused, as is any repeat or disorder,
+    and nothing of a refused charge is recorded."""
+    from protocols.ledger import Charge, Ledger
+
+    ledger = Ledger(10)
+    for ids in ([1, 1, 3, 4], [1, 3, 2, 4], [4, 3], [2, 2]):
+        with pytest.raises(ValueError, match="strictly increasing"):
+            ledger.record(Charge(1, 0.0, "x", 1.0, np.array(ids)))
+    with pytest.raises(ValueError, match="one-dimensional"):
+        ledger.record(Charge(1, 0.0, "x", 1.0, np.array([[1, 2]])))
+    assert not ledger.spend.any() and ledger.rows is not None and not list(ledger.rows())
+    ledger.record(Charge(1, 0.0, "x", 0.5, np.array([1, 3, 4], dtype=np.uint64)))
+    ledger.record(Charge(1, 0.0, "g", 0.7, np.array([3, 9]), cumulative=False))
+    assert ledger.spend.tolist() == [0, 0.5, 0, 0.5, 0.5, 0, 0, 0, 0, 0]
+    assert ledger.round_epsilon.tolist() == [0, 0, 0, 0.7, 0, 0, 0, 0, 0, 0.7]
