@@ -48,7 +48,9 @@ AUTO_MIN_CORES = 4
 
 #: ``threads = 0`` (auto) in a run that stays in one process: one thread per available core answers for the
 #: cohorts when devices x rounds is at least this (agents/shard.py ThreadShards), else the cohorts' own SimPy
-#: processes do. On the 2-core project machine 3M x 31 1BitRRPM took about a quarter less time on 2 threads.
+#: processes do. On the 2-core project machine 3M x 31 1BitRRPM took a sixth less time on 2 threads with cohorts
+#: of 100,000 (benchmarks/bench_parallel.py), and the same time with cohorts of 10,000 (the Python between the
+#: kernels, which takes turns on the GIL, is then most of a cohort's work).
 AUTO_THREAD_DEVICE_ROUNDS = 1_000_000
 
 _LEN = struct.Struct(">Q")
