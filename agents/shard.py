@@ -157,7 +157,8 @@ class ThreadShards:
     kernels release the GIL (numba ``nogil``), so on several cores the shards' work runs at once; the world's
     values of the day are computed first, on all cores, by the calling thread. Each shard has its own device
     sides and network fates and the answers come back in cohort order (:class:`ShardPool`), so a run is the
-    same for every number of threads."""
+    same for every number of threads. A single shard is answered by the calling thread itself: the cohorts
+    together, without a SimPy process, an inbox and a decoding of every broadcast each."""
 
     def __init__(self, params: Any, seed: int, limits: Any, world: World, network: Any,
                  shards: list[list[tuple[int, int]]], round_seconds: float) -> None:
@@ -167,7 +168,11 @@ class ThreadShards:
         self.shards = [CohortShard(params, seed, limits, world, Network(None, network, seed),  # type: ignore[arg-type]
                                    cohorts, round_seconds) for cohorts in shards]
         self.threads = len(self.shards)
-        self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="ldpsim-cohorts")
+        # one shard: answered in the calling thread itself (the cohorts together, without a SimPy process each)
+        self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="ldpsim-cohorts") if self.threads > 1 else None
+
+    def _map(self, fn: Callable[[CohortShard], Any]) -> Any:
+        return map(fn, self.shards) if self._pool is None else self._pool.map(fn, self.shards)
 
     def _ready(self, day: int) -> None:
         """The world at ``day`` with its values computed, before any shard reads them."""
@@ -176,14 +181,14 @@ class ThreadShards:
 
     def observe(self, day: int) -> None:
         self._ready(day)
-        for _ in self._pool.map(lambda s: s.observe(day), self.shards):
+        for _ in self._map(lambda s: s.observe(day)):
             pass
 
     def answer(self, raw: bytes, world_day: int, now: float) -> tuple[list[Answer], int]:
         self._ready(world_day)
         answers: list[Answer] = []
         rejected = 0
-        for got, bad in self._pool.map(lambda s: s.answer(raw, world_day, now), self.shards):
+        for got, bad in self._map(lambda s: s.answer(raw, world_day, now)):
             answers += got
             rejected += bad
         return answers, rejected
@@ -197,7 +202,8 @@ class ThreadShards:
         return {k: sum(c[k] for c in counts) for k in counts[0]}
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
 
 
 class ShardPool(Protocol):

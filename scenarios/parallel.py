@@ -35,7 +35,7 @@ import numpy as np
 from protocols.ledger import Charge
 
 __all__ = ["ProcessShards", "WorkerError", "resolve_threads", "resolve_workers", "split_cohorts", "AUTO_DEVICE_ROUNDS",
-           "AUTO_MIN_CORES", "AUTO_THREAD_DEVICE_ROUNDS"]
+           "AUTO_MIN_CORES", "AUTO_THREAD_COHORT", "AUTO_THREAD_DEVICE_ROUNDS"]
 
 #: ``workers = 0`` (auto): one worker per available core when devices x rounds is at least this and there are at
 #: least :data:`AUTO_MIN_CORES` cores, else none (a worker costs about a second to start: below this size the run
@@ -46,12 +46,16 @@ AUTO_DEVICE_ROUNDS = 20_000_000
 #: against 8.5-9.0 s on 2 workers (benchmarks/bench_parallel.py), so auto runs in one process below 4 cores.
 AUTO_MIN_CORES = 4
 
-#: ``threads = 0`` (auto) in a run that stays in one process: one thread per available core answers for the
-#: cohorts when devices x rounds is at least this (agents/shard.py ThreadShards), else the cohorts' own SimPy
-#: processes do. On the 2-core project machine 3M x 31 1BitRRPM took a sixth less time on 2 threads with cohorts
-#: of 100,000 (benchmarks/bench_parallel.py), and the same time with cohorts of 10,000 (the Python between the
-#: kernels, which takes turns on the GIL, is then most of a cohort's work).
+#: ``threads = 0`` (auto) in a run that stays in one process: from this many devices x rounds the cohorts are
+#: answered together by shards (agents/shard.py ThreadShards) instead of a SimPy process each (no per-cohort
+#: events and decoding); below it, a SimPy process per cohort.
 AUTO_THREAD_DEVICE_ROUNDS = 1_000_000
+#: ... and with cohorts of at least this many devices, by one thread per available core; with smaller cohorts
+#: by the run's own thread, since the Python between the kernels (which takes turns on the GIL) is then most of
+#: a cohort's work. On the 2-core project machine, 3M x 31 1BitRRPM (benchmarks/bench_parallel.py and the
+#: alternations in the README): cohorts of 100,000 took a sixth less time on 2 threads than on one; cohorts of
+#: 10,000, the same time on 2 threads, and a tenth less answered together on one than in their own processes.
+AUTO_THREAD_COHORT = 50_000
 
 _LEN = struct.Struct(">Q")
 
@@ -76,15 +80,20 @@ def resolve_workers(workers: int, devices: int, rounds: int, cohorts: int) -> in
     return max(1, min(int(workers), int(cohorts)))
 
 
-def resolve_threads(threads: int, workers: int, devices: int, rounds: int, cohorts: int) -> int:
-    """The threads answering for the cohorts of a run in one process: ``threads`` (0: auto, see
-    :data:`AUTO_THREAD_DEVICE_ROUNDS`), never more than its cohorts; 1 (no threads) when worker processes
-    answer for them (``workers`` > 1)."""
-    if workers > 1:
-        return 1
+def resolve_threads(threads: int, workers: int, devices: int, rounds: int, cohorts: int,
+                    cohort_size: int = AUTO_THREAD_COHORT) -> int:
+    """How a run in one process answers for its cohorts: 0, a SimPy process per cohort; T >= 1, shards answered
+    by T threads (1: the run's own thread). ``threads`` is the scenario's: 0 auto (see
+    :data:`AUTO_THREAD_DEVICE_ROUNDS` and :data:`AUTO_THREAD_COHORT`), 1 a SimPy process per cohort, T > 1
+    that many threads, never more than the cohorts. With worker processes (``workers`` > 1): 0."""
+    if workers > 1 or cohorts <= 1:
+        return 0
     if threads == 0:
-        threads = available_cores() if devices * rounds >= AUTO_THREAD_DEVICE_ROUNDS else 1
-    return max(1, min(int(threads), int(cohorts)))
+        if devices * rounds < AUTO_THREAD_DEVICE_ROUNDS:
+            return 0
+        threads = available_cores() if cohort_size >= AUTO_THREAD_COHORT else 1
+        return max(1, min(int(threads), int(cohorts)))
+    return 0 if threads == 1 else max(1, min(int(threads), int(cohorts)))
 
 
 def split_cohorts(cohorts: list[tuple[int, int]], shards: int) -> list[list[tuple[int, int]]]:

@@ -127,9 +127,10 @@ def _run(sc: Scenario, t0: float, slices: list[tuple[int, int]], workers: int, p
     collector = CollectorProcess(env, protocol, network, [], sc.network.deadline, log,
                                  Hostility(sc.behavior, sc.protocol.max_value))
     cohorts: list[Any] = []
-    threads = 1 if pool is not None else resolve_threads(sc.simulation.threads, workers, sc.devices, sc.rounds,
-                                                         len(slices))
-    if pool is None and threads > 1:  # the cohorts answered by threads of this process, reading this world
+    answering = 0 if pool is not None else resolve_threads(sc.simulation.threads, workers, sc.devices, sc.rounds,
+                                                           len(slices), sc.simulation.cohort_size)
+    threads = max(answering, 1)
+    if answering:  # the cohorts answered together by shards in threads of this process, reading this world
         pool = ThreadShards(sc.protocol, sc.seed, sc.limits, world, sc.network, split_cohorts(slices, threads),
                             sc.simulation.round_seconds)
     if pool is not None:
@@ -187,6 +188,7 @@ def _run(sc: Scenario, t0: float, slices: list[tuple[int, int]], workers: int, p
         if isinstance(pool, ThreadShards):
             pool.close()
     engine = ("one SimPy process per cohort" if pool is None else "threads" if isinstance(pool, ThreadShards)
+              and threads > 1 else "cohorts answered together in the run's thread" if isinstance(pool, ThreadShards)
               else "worker processes" if isinstance(pool, ProcessShards) else getattr(pool, "engine", "other"))
     extra: dict[str, Any] = {"workers": workers, "threads": threads,
                              "parallelism": {"workers": workers, "threads": threads, "engine": engine}}

@@ -32,7 +32,7 @@ def _same_run(a: tuple[dict, runner.RunResult], b: tuple[dict, runner.RunResult]
     ("weekday_usage", ()),  # behaviors: every shard's world computes the whole population
     ("apps_multi", ("population.groups.1.joins=3",)),  # several counters a device; devices joining late
 ])
-def test_two_workers_run_exactly_what_one_process_runs(name, extra):
+def test_two_workers_run_exactly_what_one_process_runs(name, extra, monkeypatch):
     one = _run(name, 1, 300, "simulation.threads=1", *extra)
     two = _run(name, 2, 300, *extra)
     assert two[1].extra["workers"] == 2 and one[1].extra["workers"] == 1 and one[1].extra["threads"] == 1
@@ -41,6 +41,12 @@ def test_two_workers_run_exactly_what_one_process_runs(name, extra):
     threaded = _run(name, 1, 300, "simulation.threads=3", *extra)  # the cohorts answered by 3 threads
     assert threaded[1].extra["threads"] == 3 and threaded[1].extra["workers"] == 1
     _same_run(one, threaded)
+    # auto on a large run of small cohorts: the cohorts answered together by the run's own thread
+    monkeypatch.setattr(parallel, "AUTO_THREAD_DEVICE_ROUNDS", 0)
+    together = _run(name, 1, 300, *extra)
+    assert together[0]["parallelism"] == {"workers": 1, "threads": 1,
+                                          "engine": "cohorts answered together in the run's thread"}
+    _same_run(one, together)
     # summary.json says how the cohorts were answered
     assert threaded[0]["parallelism"] == {"workers": 1, "threads": 3, "engine": "threads"}
     assert two[0]["parallelism"] == {"workers": 2, "threads": 1, "engine": "worker processes"}
@@ -48,29 +54,17 @@ def test_two_workers_run_exactly_what_one_process_runs(name, extra):
 
 
 def test_threads_resolve_to_the_cores_for_runs_in_one_process_only(monkeypatch):
+    """0: a SimPy process per cohort; 1: the cohorts answered together by the run's thread; T: T threads."""
     monkeypatch.setattr(parallel, "available_cores", lambda: 6)
-    big = parallel.AUTO_THREAD_DEVICE_ROUNDS
-    assert parallel.resolve_threads(0, 1, big, 1, 100) == 6  # auto: one per core
-    assert parallel.resolve_threads(0, 1, big - 1, 1, 100) == 1  # small runs: the cohorts' own processes
-    assert parallel.resolve_threads(0, 1, big, 1, 4) == 4  # never more than the cohorts
-    assert parallel.resolve_threads(0, 3, big, 1, 100) == 1  # worker processes answer instead
-    assert parallel.resolve_threads(5, 1, 10, 1, 100) == 5  # an explicit number is taken as it is
-
-
-def test_workers_resolve_to_the_cores_only_for_large_runs_and_never_beyond_the_cohorts(monkeypatch):
-    cores = parallel.available_cores()
-    assert parallel.resolve_workers(0, 1000, 10, 5) == 1  # small: no worker processes
-    assert parallel.resolve_workers(0, 10_000_000, 31, 1000) == (min(cores, 1000) if cores >= 4 else 1)
-    monkeypatch.setattr(parallel, "available_cores", lambda: 16)
-    assert parallel.resolve_workers(0, 10_000_000, 31, 1000) == 16  # large, on many cores: one per core
-    assert parallel.resolve_workers(0, 10_000_000, 31, 9) == 9
-    monkeypatch.setattr(parallel, "available_cores", lambda: 2)
-    assert parallel.resolve_workers(0, 10_000_000, 31, 1000) == 1  # 2 cores: one process is faster
-    assert parallel.resolve_workers(2, 10_000_000, 31, 1000) == 2  # unless asked
-    assert parallel.resolve_workers(8, 1000, 10, 3) == 3
-    shards = parallel.split_cohorts([(0, 10), (10, 20), (20, 30), (30, 35)], 2)
-    assert shards == [[(0, 10), (10, 20)], [(20, 30), (30, 35)]]
-    assert parallel.split_cohorts([(0, 5)], 4) == [[(0, 5)]]
+    big, large = parallel.AUTO_THREAD_DEVICE_ROUNDS, parallel.AUTO_THREAD_COHORT
+    assert parallel.resolve_threads(0, 1, big, 1, 100, large) == 6  # auto, large cohorts: one thread per core
+    assert parallel.resolve_threads(0, 1, big, 1, 100, large - 1) == 1  # small cohorts: together, one thread
+    assert parallel.resolve_threads(0, 1, big - 1, 1, 100, large) == 0  # small runs: a process per cohort
+    assert parallel.resolve_threads(0, 1, big, 1, 4, large) == 4  # never more than the cohorts
+    assert parallel.resolve_threads(0, 1, big, 1, 1, large) == 0  # one cohort: its own process
+    assert parallel.resolve_threads(0, 3, big, 1, 100, large) == 0  # worker processes answer instead
+    assert parallel.resolve_threads(5, 1, 10, 1, 100, 10) == 5  # an explicit number is taken as it is
+    assert parallel.resolve_threads(1, 1, big, 1, 100, large) == 0  # 1: a SimPy process per cohort
 
 
 def test_a_worker_that_fails_is_a_clear_error_and_no_process_is_left(monkeypatch):
