@@ -67,6 +67,22 @@ def test_threads_resolve_to_the_cores_for_runs_in_one_process_only(monkeypatch):
     assert parallel.resolve_threads(1, 1, big, 1, 100, large) == 0  # 1: a SimPy process per cohort
 
 
+def test_workers_resolve_to_the_cores_only_for_large_runs_and_never_beyond_the_cohorts(monkeypatch):
+    cores = parallel.available_cores()
+    assert parallel.resolve_workers(0, 1000, 10, 5) == 1  # small: no worker processes
+    assert parallel.resolve_workers(0, 10_000_000, 31, 1000) == (min(cores, 1000) if cores >= 4 else 1)
+    monkeypatch.setattr(parallel, "available_cores", lambda: 16)
+    assert parallel.resolve_workers(0, 10_000_000, 31, 1000) == 16  # large, on many cores: one per core
+    assert parallel.resolve_workers(0, 10_000_000, 31, 9) == 9
+    monkeypatch.setattr(parallel, "available_cores", lambda: 2)
+    assert parallel.resolve_workers(0, 10_000_000, 31, 1000) == 1  # 2 cores: one process is faster
+    assert parallel.resolve_workers(2, 10_000_000, 31, 1000) == 2  # unless asked
+    assert parallel.resolve_workers(8, 1000, 10, 3) == 3
+    shards = parallel.split_cohorts([(0, 10), (10, 20), (20, 30), (30, 35)], 2)
+    assert shards == [[(0, 10), (10, 20)], [(20, 30), (30, 35)]]
+    assert parallel.split_cohorts([(0, 5)], 4) == [[(0, 5)]]
+
+
 def test_a_worker_that_fails_is_a_clear_error_and_no_process_is_left(monkeypatch):
     sc = schema.load("quickstart", ["population.devices=1000", "simulation.cohort_size=200", "simulation.workers=2"])
     spawned: list = []
