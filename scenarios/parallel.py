@@ -21,7 +21,6 @@ and store the reports, close the round, the ledger's spend distribution, the tru
 from __future__ import annotations
 
 import os
-import struct
 import subprocess
 import sys
 import tempfile
@@ -29,10 +28,10 @@ import time
 import traceback
 from typing import Any, BinaryIO
 
-import msgpack
 import numpy as np
 
 from protocols.ledger import Charge
+from scenarios.pipes import read_frame, write_frame
 
 __all__ = ["ProcessShards", "WorkerError", "resolve_threads", "resolve_workers", "split_cohorts", "AUTO_DEVICE_ROUNDS",
            "AUTO_MIN_CORES", "AUTO_THREAD_COHORT", "AUTO_THREAD_DEVICE_ROUNDS"]
@@ -56,8 +55,6 @@ AUTO_THREAD_DEVICE_ROUNDS = 1_000_000
 #: alternations in the README): cohorts of 100,000 took a sixth less time on 2 threads than on one; cohorts of
 #: 10,000, the same time on 2 threads, and a tenth less answered together on one than in their own processes.
 AUTO_THREAD_COHORT = 50_000
-
-_LEN = struct.Struct(">Q")
 
 
 class WorkerError(RuntimeError):
@@ -108,23 +105,6 @@ def split_cohorts(cohorts: list[tuple[int, int]], shards: int) -> list[list[tupl
     return [s for s in out if s]
 
 
-# ------------------------------------------------------------------------------------------- frames
-def _write(stream: BinaryIO, obj: Any) -> None:
-    data = msgpack.packb(obj, use_bin_type=True)
-    stream.write(_LEN.pack(len(data)))
-    stream.write(data)
-    stream.flush()
-
-
-def _read(stream: BinaryIO) -> Any:
-    head = stream.read(_LEN.size)
-    if len(head) < _LEN.size:
-        raise EOFError("the other end closed the pipe")
-    (n,) = _LEN.unpack(head)
-    data = stream.read(n)
-    if len(data) < n:
-        raise EOFError("the other end closed the pipe mid-frame")
-    return msgpack.unpackb(data, raw=False)
 
 
 def _pack_charge(c: Charge) -> list:
@@ -173,7 +153,7 @@ class ProcessShards:
                 proc = subprocess.Popen([sys.executable, "-m", "scenarios.parallel"], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, env=env)
                 self.procs.append(proc)
-                _write(proc.stdin, {"op": "init", "scenario": scenario_data,  # type: ignore[arg-type]
+                write_frame(proc.stdin, {"op": "init", "scenario": scenario_data,  # type: ignore[arg-type]
                                     "cohorts": [list(c) for c in cohorts], "values": self.values_path})
         except BaseException:
             self.close()
@@ -192,7 +172,7 @@ class ProcessShards:
 
     def _reply(self, proc: subprocess.Popen) -> Any:
         try:
-            out = _read(proc.stdout)  # type: ignore[arg-type]
+            out = read_frame(proc.stdout)  # type: ignore[arg-type]
         except EOFError:
             proc.wait()
             raise WorkerError(f"a shard worker exited with status {proc.returncode}") from None
@@ -203,7 +183,7 @@ class ProcessShards:
     def _all(self, command: dict) -> list[Any]:
         self._start()
         for proc in self.procs:  # every worker starts at once; then the replies are read in shard order
-            _write(proc.stdin, command)  # type: ignore[arg-type]
+            write_frame(proc.stdin, command)  # type: ignore[arg-type]
         return [self._reply(proc) for proc in self.procs]
 
     def observe(self, day: int) -> None:
@@ -243,7 +223,7 @@ class ProcessShards:
         for proc in self.procs:
             try:
                 if proc.poll() is None:
-                    _write(proc.stdin, {"op": "exit"})  # type: ignore[arg-type]
+                    write_frame(proc.stdin, {"op": "exit"})  # type: ignore[arg-type]
                     proc.stdin.close()  # type: ignore[union-attr]
             except OSError:
                 pass
@@ -290,7 +270,7 @@ def worker(stdin: BinaryIO, stdout: BinaryIO) -> int:
     busy = [0.0, 0.0, 0.0, 0.0]  # seconds computing answers, sending them, CPU seconds, seconds prefetching
     while True:
         try:
-            cmd = _read(stdin)
+            cmd = read_frame(stdin)
         except EOFError:
             return 0
         try:
@@ -301,17 +281,17 @@ def worker(stdin: BinaryIO, stdout: BinaryIO) -> int:
             if op == "init":
                 shard = _build_shard(cmd["scenario"], [(int(a), int(b)) for a, b in cmd["cohorts"]])
                 values = np.memmap(cmd["values"], dtype=np.float64, mode="r+")
-                _write(stdout, {"ok": True})
+                write_frame(stdout, {"ok": True})
             elif shard is None:
                 raise RuntimeError(f"{op!r} before init")
             elif op == "observe":
                 shard.observe(int(cmd["day"]))
-                _write(stdout, {"ok": True})
+                write_frame(stdout, {"ok": True})
             elif op == "answer":
                 t0, c0 = time.perf_counter(), time.process_time()
                 answers, rejected = shard.answer(bytes(cmd["raw"]), int(cmd["day"]), float(cmd["now"]))
                 t1 = time.perf_counter()
-                _write(stdout, {"rejected": rejected, "cohorts": [
+                write_frame(stdout, {"rejected": rejected, "cohorts": [
                     [[_pack_charge(c) for c in a.charges], [[d, t, k] for d, t, k in a.sent], a.lost]
                     for a in answers]})
                 t2 = time.perf_counter()
@@ -321,19 +301,19 @@ def worker(stdin: BinaryIO, stdout: BinaryIO) -> int:
                 busy[3] += time.perf_counter() - t2
                 busy[2] += time.process_time() - c0
             elif op == "values":
-                _write(stdout, {"clipped": shard.values(int(cmd["day"]), values)})
+                write_frame(stdout, {"clipped": shard.values(int(cmd["day"]), values)})
             elif op == "guards":
-                _write(stdout, shard.guards())
+                write_frame(stdout, shard.guards())
             elif op == "stats":
                 import resource
 
-                _write(stdout, {"peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                write_frame(stdout, {"peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                                 "answer_seconds": busy[0], "send_seconds": busy[1], "cpu_seconds": busy[2],
                                 "prefetch_seconds": busy[3]})
             else:
                 raise RuntimeError(f"unknown command {op!r}")
         except Exception:
-            _write(stdout, {"error": "".join(traceback.format_exc().splitlines(True)[-6:])[-2000:]})
+            write_frame(stdout, {"error": "".join(traceback.format_exc().splitlines(True)[-6:])[-2000:]})
 
 
 if __name__ == "__main__":

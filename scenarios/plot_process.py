@@ -15,7 +15,6 @@ instead; a picture whose drawing raises is an error either way, as it is in-proc
 from __future__ import annotations
 
 import os
-import struct
 import subprocess
 import sys
 import time
@@ -23,12 +22,12 @@ import traceback
 from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
-import msgpack
 import numpy as np
+
+from scenarios.pipes import read_frame, write_frame
 
 __all__ = ["PlotError", "PlotProcess", "start"]
 
-_LEN = struct.Struct(">Q")
 _ARRAY = "__ndarray__"
 
 
@@ -64,21 +63,6 @@ def _decode(obj: Any) -> Any:
     return obj
 
 
-def _write(stream: BinaryIO, obj: Any) -> None:
-    data = msgpack.packb(obj, use_bin_type=True)
-    stream.write(_LEN.pack(len(data)) + data)
-    stream.flush()
-
-
-def _read(stream: BinaryIO) -> Any:
-    head = stream.read(_LEN.size)
-    if len(head) < _LEN.size:
-        raise EOFError("the other end closed the pipe")
-    (n,) = _LEN.unpack(head)
-    data = stream.read(n)
-    if len(data) < n:
-        raise EOFError("the other end closed the pipe mid-frame")
-    return msgpack.unpackb(data, raw=False)
 
 
 def _draw(name: str, path: Path, args: list[Any]) -> None:
@@ -107,7 +91,7 @@ class PlotProcess:
         request = (name, Path(path), list(args))
         if self.proc is not None:
             try:
-                _write(self.proc.stdin, {"plot": name, "path": str(path), "args": _encode(list(args))})  # type: ignore[arg-type]
+                write_frame(self.proc.stdin, {"plot": name, "path": str(path), "args": _encode(list(args))})  # type: ignore[arg-type]
                 self._pending.append(request)
                 return
             except (OSError, ValueError):
@@ -121,7 +105,7 @@ class PlotProcess:
         while self._pending:
             name, path, args = self._pending[0]
             try:
-                reply = _read(self.proc.stdout)  # type: ignore[union-attr,arg-type]
+                reply = read_frame(self.proc.stdout)  # type: ignore[union-attr,arg-type]
             except (EOFError, OSError, ValueError):
                 self._lost()
                 for name, path, args in self._pending:  # the child is gone: draw the rest here
@@ -186,7 +170,7 @@ def serve(stdin: BinaryIO, stdout: BinaryIO, draw: Callable[[str, Path, list[Any
 
     while True:
         try:
-            request = _read(stdin)
+            request = read_frame(stdin)
         except EOFError:
             return 0
         t = time.perf_counter()
@@ -196,7 +180,7 @@ def serve(stdin: BinaryIO, stdout: BinaryIO, draw: Callable[[str, Path, list[Any
         except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises it
             last = traceback.format_exc().strip().splitlines()[-1]
             reply = {"error": f"{type(exc).__name__}: {exc}"[:500] or last}
-        _write(stdout, reply)
+        write_frame(stdout, reply)
 
 
 if __name__ == "__main__":
