@@ -15,7 +15,7 @@ own processes would have at that simulated time. Digests therefore do not depend
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Iterable, Protocol
 
 import numpy as np
 import simpy
@@ -152,58 +152,79 @@ class CohortShard:
 
 
 class ThreadShards:
-    """Cohort shards answered by threads of the run's own process, every shard reading the run's world: the
-    in-process counterpart of worker processes (scenarios/parallel.py). The device sides' and the network's
-    kernels release the GIL (numba ``nogil``), so on several cores the shards' work runs at once; the world's
-    values of the day are computed first, on all cores, by the calling thread. Each shard has its own device
-    sides and network fates and the answers come back in cohort order (:class:`ShardPool`), so a run is the
-    same for every number of threads. A single shard is answered by the calling thread itself: the cohorts
-    together, without a SimPy process, an inbox and a decoding of every broadcast each."""
+    """Cohorts answered by threads of the run's own process, every cohort reading the run's world: the in-process
+    counterpart of worker processes (scenarios/parallel.py). The device sides' and the network's kernels release
+    the GIL (numba ``nogil``), so on several cores the cohorts' work runs at once. A broadcast's cohorts are
+    handed to the threads one by one, in cohort order, and their answers come back as an iterator in cohort order
+    that yields each as soon as it is ready: the run's thread records a cohort's charges and puts its reports on
+    the network while the threads compute the next cohorts. Each cohort has its own device side and its own
+    network fates, so a run is the same for every number of threads. With ``threads`` = 1 the calling thread
+    answers the cohorts itself, together, without a SimPy process, an inbox and a decoding of every broadcast
+    each.
+
+    ``ahead``: once a broadcast's cohorts are handed out, the world's next day is computed in a twin of the world
+    (:meth:`agents.world.World.prefetch`) on a spare core, while the run's thread takes the reports in and closes
+    the round; the next day's request finds its values ready."""
 
     def __init__(self, params: Any, seed: int, limits: Any, world: World, network: Any,
-                 shards: list[list[tuple[int, int]]], round_seconds: float) -> None:
+                 shards: list[list[tuple[int, int]]], round_seconds: float, ahead: bool = False) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
         self.world = world
-        self.shards = [CohortShard(params, seed, limits, world, Network(None, network, seed),  # type: ignore[arg-type]
-                                   cohorts, round_seconds) for cohorts in shards]
-        self.threads = len(self.shards)
-        # one shard: answered in the calling thread itself (the cohorts together, without a SimPy process each)
+        cohorts = [c for shard in shards for c in shard]
+        self.shard = CohortShard(params, seed, limits, world, Network(None, network, seed),  # type: ignore[arg-type]
+                                 cohorts, round_seconds)
+        self.nets = [Network(None, network, seed) for _ in cohorts]  # type: ignore[arg-type]
+        self.threads = len(shards)
         self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="ldpsim-cohorts") if self.threads > 1 else None
-
-    def _map(self, fn: Callable[[CohortShard], Any]) -> Any:
-        return map(fn, self.shards) if self._pool is None else self._pool.map(fn, self.shards)
+        self._ahead = (self._pool or ThreadPoolExecutor(1, thread_name_prefix="ldpsim-world")) if ahead else None
 
     def _ready(self, day: int) -> None:
-        """The world at ``day`` with its values computed, before any shard reads them."""
+        """The world at ``day`` with its values computed, before any cohort reads them."""
         self.world.advance_to(day)
         self.world.values(np.empty(0, dtype=np.int64))
 
     def observe(self, day: int) -> None:
         self._ready(day)
-        for _ in self._map(lambda s: s.observe(day)):
-            pass
+        self.shard.observe(day)
 
-    def answer(self, raw: bytes, world_day: int, now: float) -> tuple[list[Answer], int]:
+    def answer(self, raw: bytes, world_day: int, now: float) -> tuple[Iterable[Answer], int]:
         self._ready(world_day)
-        answers: list[Answer] = []
-        rejected = 0
-        for got, bad in self._map(lambda s: s.answer(raw, world_day, now)):
-            answers += got
-            rejected += bad
-        return answers, rejected
+        shard = self.shard
+        try:
+            msg = wire.decode(raw)
+        except wire.WireError:
+            return [Answer() for _ in shard.devices], len(shard.devices)
+        if not isinstance(msg, (CollectionRequest, Decision, Threshold)):
+            return [Answer() for _ in shard.devices], 0
+        day = cohort_day(now, shard.round_seconds)
+
+        def one(i: int) -> Answer:
+            return answer_cohort(shard.devices[i], shard.ids[i], self.world, self.nets[i], msg, day, now)
+
+        if self._pool is None:
+            answers: Iterable[Answer] = [one(i) for i in range(len(shard.devices))]
+            self._prefetch(world_day + 1)
+            return answers, 0
+        futures = [self._pool.submit(one, i) for i in range(len(shard.devices))]
+        self._prefetch(world_day + 1)  # queued behind the cohorts: it starts as the threads run out of them
+        return (f.result() for f in futures), 0
+
+    def _prefetch(self, day: int) -> None:
+        if self._ahead is not None:
+            self.world.prefetch(day, self._ahead.submit)
 
     def values(self, day: int) -> tuple[np.ndarray, int]:
         self._ready(day)
         return self.world.totals(0, self.world.n)
 
     def guards(self) -> dict[str, int]:
-        counts = [s.guards() for s in self.shards]
-        return {k: sum(c[k] for c in counts) for k in counts[0]}
+        return self.shard.guards()
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
+        self.world.settle()
+        for pool in {id(p): p for p in (self._pool, self._ahead) if p is not None}.values():
+            pool.shutdown(wait=True)
 
 
 class ShardPool(Protocol):
@@ -212,7 +233,7 @@ class ShardPool(Protocol):
 
     def observe(self, day: int) -> None: ...
 
-    def answer(self, raw: bytes, world_day: int, now: float) -> tuple[list[Answer], int]: ...
+    def answer(self, raw: bytes, world_day: int, now: float) -> tuple[Iterable[Answer], int]: ...
 
     def values(self, day: int) -> tuple[np.ndarray, int]: ...
 

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import math
 import os
+from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numba as nb
 import numpy as np
@@ -115,6 +116,38 @@ def split_shares(n: int, shares: list[float]) -> np.ndarray:
     return np.concatenate(([0], np.cumsum(sizes)))
 
 
+@nb.njit(inline="always")
+def _values_range(levels, sds, binary, source, pool, offsets, key, m, free, base, out, start, stop):
+    """out[i] for i in start..stop-1 (see :func:`_values_kernel`); returns how many of them were clipped."""
+    k = 0
+    for i in range(start, stop):
+        if binary[i]:
+            out[i] = 1.0 if keyed.uniform1(key, np.uint64(base + i)) < levels[i] else 0.0
+            continue
+        if source[i] >= 0:  # a fresh draw from an empirical data set each round
+            lo, hi = offsets[source[i]], offsets[source[i] + 1]
+            v = pool[lo + min(int(keyed.uniform1(key, np.uint64(base + i)) * (hi - lo)), hi - lo - 1)]
+            if v > m and not free[i]:
+                v = m
+                k += 1
+            out[i] = v
+            continue
+        v = levels[i]
+        if sds[i] > 0.0:
+            v += sds[i] * keyed.normal1(key, np.uint64(base + i))
+        if free[i]:
+            out[i] = v
+            continue
+        if v < 0.0:
+            v = 0.0
+            k += 1
+        elif v > m:
+            v = m
+            k += 1
+        out[i] = v
+    return k
+
+
 @nb.njit(cache=True, parallel=True)
 def _values_kernel(levels, sds, binary, source, pool, offsets, key, m, free, base, out):
     """out[i] = clip(levels[i] + sds[i] N_i, 0, m) with N_i keyed by (key, base + i) (the arrays: devices
@@ -125,34 +158,17 @@ def _values_kernel(levels, sds, binary, source, pool, offsets, key, m, free, bas
     n = levels.shape[0]
     counts = np.zeros(chunks, np.int64)
     for c in nb.prange(chunks):
-        k = 0
-        for i in range(n * c // chunks, n * (c + 1) // chunks):
-            if binary[i]:
-                out[i] = 1.0 if keyed.uniform1(key, np.uint64(base + i)) < levels[i] else 0.0
-                continue
-            if source[i] >= 0:  # a fresh draw from an empirical data set each round
-                lo, hi = offsets[source[i]], offsets[source[i] + 1]
-                v = pool[lo + min(int(keyed.uniform1(key, np.uint64(base + i)) * (hi - lo)), hi - lo - 1)]
-                if v > m and not free[i]:
-                    v = m
-                    k += 1
-                out[i] = v
-                continue
-            v = levels[i]
-            if sds[i] > 0.0:
-                v += sds[i] * keyed.normal1(key, np.uint64(base + i))
-            if free[i]:
-                out[i] = v
-                continue
-            if v < 0.0:
-                v = 0.0
-                k += 1
-            elif v > m:
-                v = m
-                k += 1
-            out[i] = v
-        counts[c] = k
+        counts[c] = _values_range(levels, sds, binary, source, pool, offsets, key, m, free, base, out,
+                                  n * c // chunks, n * (c + 1) // chunks)
     return counts.sum()
+
+
+@nb.njit(cache=True, nogil=True)
+def _values_kernel_serial(levels, sds, binary, source, pool, offsets, key, m, free, base, out):
+    """:func:`_values_kernel` on the calling thread alone, releasing the GIL: a world's values computed in the
+    background (World.prefetch) while the run's thread works, where the parallel kernel would contend with it
+    for the cores."""
+    return _values_range(levels, sds, binary, source, pool, offsets, key, m, free, base, out, 0, levels.shape[0])
 
 
 _CHUNK = 1 << 22  # devices whose levels are drawn at once
@@ -219,19 +235,63 @@ class World:
             self._scripts.append((glo, ghi, g.behavior.bind(self.seed, gi, self.max_value)))
         self._mean = math.nan  # the previous round's mean value over the population (behaviors' Day.mean)
         self._source: Any = None  # values computed elsewhere (use_values)
+        self._ahead: World | None = None  # a twin computing a later day in the background (prefetch)
+        self._pending: tuple[int, Any] | None = None  # (day, future) of the twin's computation
 
     def twin(self) -> "World":
-        """A fresh world of the same scenario and span at day 0, sharing this one's fixed per-device arrays (the
-        split over apps, the churn days): a shard computes the next day in it ahead of time (agents/shard.py)."""
+        """A world of the same scenario and span, sharing this one's fixed per-device arrays (the split over apps,
+        the churn days), that computes its own days: at day 0, or, where this world holds its levels, at this
+        world's day with a copy of them (cheaper than drawing them again). A shard or a run computes the next day
+        in it ahead of time (agents/shard.py, :meth:`prefetch`)."""
         other = World.__new__(World)
         other.__dict__.update(self.__dict__)
         other._levels, other._sds = None, np.empty(0)
         other.binary, other.free, other.source = np.empty(0, np.bool_), np.empty(0, np.bool_), np.empty(0, np.int16)
         other._pools = []
         other.day, other._applied, other._cache_day, other._cache, other._clipped = 0, 0, -1, np.empty(0), 0
+        other._ahead, other._pending = None, None
         if self._scripts:
             raise ValueError("a world with behaviors has no twin: its behaviors keep state from day to day")
+        if self._levels is not None:  # a copy of the levels as of the changes applied so far, not a redraw
+            other._levels, other._sds = self._levels.copy(), self._sds.copy()
+            other.binary, other.free, other.source = self.binary.copy(), self.free.copy(), self.source.copy()
+            other._pools = list(self._pools)
+            other.day, other._applied = self.day, self._applied
         return other
+
+    def prefetch(self, day: int, submit: Callable[[Callable[[], None]], Future]) -> bool:
+        """Start computing ``day``'s values in a twin of this world through ``submit`` (an executor's), while this
+        world keeps serving its own day: a later :meth:`values` for ``day`` takes the twin's values (the same
+        numbers: they are a pure function of the seed, the changes and the day). Returns whether it started;
+        worlds with behaviors (state from day to day) or with values from elsewhere are left alone. Only the
+        background job touches the twin, and this world waits for it before anything else reads the twin."""
+        if self._scripts or self._source is not None or day <= self.day:
+            return False
+        self.settle()
+        if self._ahead is None:
+            self._ahead = self.twin()
+        ahead = self._ahead
+        if ahead.day > day:
+            return False
+
+        def compute() -> None:
+            ahead.advance_to(day)
+            ahead.values(np.empty(0, dtype=np.int64), serial=True)
+
+        self._pending = (day, submit(compute))
+        return True
+
+    def settle(self) -> None:
+        """Wait for the twin's computation in flight, if any, and take its values if they are this world's day."""
+        if self._pending is None:
+            return
+        day, future = self._pending
+        self._pending = None
+        future.result()
+        ahead = self._ahead
+        assert ahead is not None
+        if day == self.day and self._cache_day != day and ahead._cache_day == day:
+            self._cache, self._clipped, self._cache_day = ahead._cache, ahead._clipped, day
 
     @property
     def levels(self) -> np.ndarray:
@@ -372,16 +432,19 @@ class World:
         self._check_held(at)
         return (self.joins[at] <= self.day) & (self.day < self.leaves[at])
 
-    def values(self, ids: np.ndarray, day: int | None = None) -> tuple[np.ndarray, int]:
+    def values(self, ids: np.ndarray, day: int | None = None, serial: bool = False) -> tuple[np.ndarray, int]:
         """Clipped values of devices ``ids`` on ``day`` (default: the current day), and how many of the
         world's values (its span's) were clipped that day. With apps: one row of c counters per device.
 
         The day's values are computed once for the world's span and shared by every cohort (and by the
-        truth), a contiguous id range being served as a view.
+        truth), a contiguous id range being served as a view; on all cores, or on the calling thread alone
+        (``serial``: the same numbers).
         """
         day = self.day if day is None else day
         if day != self.day:
             raise ValueError(f"the world is at round {self.day}, not {day}")
+        if self._pending is not None and self._cache_day != day:
+            self.settle()
         if self._cache_day != day and self._source is not None:
             self._cache, self._clipped = self._source(day)
             self._cache_day = day
@@ -392,7 +455,8 @@ class World:
             key = np.uint64(stream_key(self.seed, Purpose.JITTER, day))
             pool = getattr(self, "_pool", np.zeros(1))
             offsets = getattr(self, "_offsets", np.zeros(2, np.int64))
-            self._clipped = int(_values_kernel(self._levels, self._sds, self.binary, self.source, pool, offsets, key,
+            kernel = _values_kernel_serial if serial else _values_kernel
+            self._clipped = int(kernel(self._levels, self._sds, self.binary, self.source, pool, offsets, key,
                                                self.max_value, self.free, lo, self._cache))
             if self._scripts:
                 self._behave(day)

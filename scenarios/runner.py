@@ -27,7 +27,7 @@ from collector.process import CollectorProcess
 from protocols.ledger import Ledger
 from scenarios import attacks
 from scenarios.metrics import round_metrics
-from scenarios.parallel import ProcessShards, resolve_threads, resolve_workers, split_cohorts
+from scenarios.parallel import ProcessShards, available_cores, resolve_threads, resolve_workers, split_cohorts
 from scenarios.schema import Scenario
 
 
@@ -132,7 +132,7 @@ def _run(sc: Scenario, t0: float, slices: list[tuple[int, int]], workers: int, p
     threads = max(answering, 1)
     if answering:  # the cohorts answered together by shards in threads of this process, reading this world
         pool = ThreadShards(sc.protocol, sc.seed, sc.limits, world, sc.network, split_cohorts(slices, threads),
-                            sc.simulation.round_seconds)
+                            sc.simulation.round_seconds, ahead=available_cores() >= 2)
     if pool is not None:
         sharded = ShardedCohorts(env, pool, len(slices), world, network, ledger, collector.deliver)
         if not isinstance(pool, ThreadShards):

@@ -141,3 +141,101 @@ def test_a_shard_computing_the_next_day_ahead_serves_the_same_values_and_answers
         assert np.array_equal(out_a, out_p)
         swapped += ahead._at(day + 1) is not before
     assert swapped == sc.rounds  # every next day came from the world computed ahead
+
+
+@pytest.mark.parametrize("name, extra", [
+    ("app_usage_31d", ()),  # behavior changes on days 15 and 22: the twin applies them as the world does
+    ("apps_multi", ("population.groups.1.joins=3",)),  # several counters a device; devices joining late
+    ("topl_pos", ()),  # values drawn from a data set every day
+    ("thresh_drift", ("rounds=21",)),  # private bits
+])
+@pytest.mark.parametrize("held", [False, True])
+def test_a_world_computing_its_next_day_in_a_twin_serves_the_values_it_would_compute(name, extra, held):
+    """World.prefetch: day d + 1 computed in a background thread by a twin (a copy of the levels when the world
+    holds them, else drawn afresh) gives exactly the values and clipped count the world computes itself, change
+    days included, and the world keeps serving its own day meanwhile."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from agents.world import World
+
+    sc = schema.load(name, ["population.devices=3000", "rounds=24", *extra])
+
+    def world() -> World:
+        return World(sc.seed, sc.devices, sc.groups, sc.changes, sc.protocol.max_value)
+
+    ahead, plain = world(), world()
+    ids = np.arange(sc.devices)
+    taken = 0
+    with ThreadPoolExecutor(1) as pool:
+        for day in range(1, sc.rounds + 1):
+            ahead.advance_to(day)
+            plain.advance_to(day)
+            if held:
+                ahead.levels  # the world holds its levels: the twin starts from a copy of them
+            va, ca = ahead.values(ids)
+            vp, cp = plain.values(ids)
+            assert np.array_equal(va, vp) and ca == cp
+            if day > 1:
+                taken += ahead._cache is ahead._ahead._cache  # the day's values came from the twin
+            assert ahead.prefetch(day + 1, pool.submit)
+            again, _ = ahead.values(ids)  # still today's values while tomorrow's are computed
+            assert np.array_equal(again, vp)
+        ahead.settle()
+    assert taken == sc.rounds - 1
+
+
+def test_a_world_with_behaviors_or_values_from_elsewhere_computes_nothing_ahead():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from agents.world import World
+
+    sc = schema.load("weekday_usage", ["population.devices=500"])
+    with ThreadPoolExecutor(1) as pool:
+        w = World(sc.seed, sc.devices, sc.groups, sc.changes, sc.protocol.max_value)
+        w.advance_to(1)
+        assert not w.prefetch(2, pool.submit)  # behaviors keep state from day to day
+        sc = schema.load("quickstart", ["population.devices=500"])
+        w = World(sc.seed, sc.devices, sc.groups, sc.changes, sc.protocol.max_value)
+        w.use_values(lambda day: (np.zeros(500), 0))
+        w.advance_to(1)
+        assert not w.prefetch(2, pool.submit)
+        assert not World(sc.seed, sc.devices, sc.groups, sc.changes, sc.protocol.max_value).prefetch(0, pool.submit)
+
+
+@pytest.mark.parametrize("cores", [1, 2])
+def test_threads_stream_answers_and_compute_the_next_day_ahead_without_changing_the_run(cores, monkeypatch):
+    """Threads hand out cohorts one by one and the run's thread takes each answer as it is ready, each cohort with
+    its own network fates (loss and jitter here, so every cohort loses reports and some arrive late); on a
+    machine with a spare core the world's next day is computed ahead. The run equals one SimPy process per
+    cohort: digests, traffic (lost reports counted per cohort), ledger."""
+    net = ("network.loss=0.1", "network.jitter=600", "network.deadline=900")
+    one = _run("app_usage_31d", 1, 300, "simulation.threads=1", *net)
+    monkeypatch.setattr(runner, "available_cores", lambda: cores)
+    for threads in (2, 3):
+        got = _run("app_usage_31d", 1, 300, f"simulation.threads={threads}", *net)
+        _same_run(one, got)
+        assert got[0]["reports"]["lost"] > 0 and got[0]["messages"]["late"] > 0
+        assert (got[1].world._ahead is not None) == (cores > 1)
+
+
+def test_a_world_asked_for_another_day_than_it_computed_ahead_computes_that_day_itself():
+    """The twin computed day d + 1 but the world moved on to d + 2 (THRESH asks only every epoch, a hostile
+    collector skips): the world does not serve the twin's day as its own, and the twin goes on from there."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from agents.world import World
+
+    sc = schema.load("app_usage_31d", ["population.devices=2000"])
+    ahead = World(sc.seed, sc.devices, sc.groups, sc.changes, sc.protocol.max_value)
+    plain = World(sc.seed, sc.devices, sc.groups, sc.changes, sc.protocol.max_value)
+    ids = np.arange(sc.devices)
+    with ThreadPoolExecutor(1) as pool:
+        for day in (1, 3, 4, 7, 16, 17, 23, 30):
+            ahead.advance_to(day)
+            plain.advance_to(day)
+            va, ca = ahead.values(ids)
+            vp, cp = plain.values(ids)
+            assert np.array_equal(va, vp) and ca == cp, day
+            ahead.prefetch(day + 1, pool.submit)
+        assert not ahead.prefetch(5, pool.submit)  # the past: nothing to compute
+        ahead.settle()
