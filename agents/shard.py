@@ -24,7 +24,7 @@ from agents.world import World
 from collector.network import Network
 from protocols import wire
 from protocols.base import DeviceSide
-from protocols.ledger import Charge, Ledger
+from protocols.ledger import Charge, Entry, Ledger
 from protocols.messages import CollectionRequest, Decision, ReportBatch, Threshold
 
 __all__ = ["BROADCAST_KINDS", "Answer", "CohortShard", "ShardPool", "ShardedCohorts", "ThreadShards", "answer_cohort"]
@@ -40,6 +40,9 @@ class Answer:
     charges: list[Charge] = field(default_factory=list)
     sent: list[tuple[bytes, float, int]] = field(default_factory=list)
     lost: int = 0
+    #: the charges already checked by the ledger (Ledger.check, on the thread that answered), to be added in
+    #: cohort order; None: not checked yet (the run's thread records ``charges``)
+    entries: list[Entry | None] | None = None
 
 
 def _subset(batch: ReportBatch, idx: np.ndarray) -> ReportBatch:
@@ -162,15 +165,19 @@ class ThreadShards:
     answers the cohorts itself, together, without a SimPy process, an inbox and a decoding of every broadcast
     each.
 
+    ``check``: the ledger's :meth:`~protocols.ledger.Ledger.check`, run on the thread that answered a cohort, so
+    that the run's thread only adds the checked charges.
+
     ``ahead``: once a broadcast's cohorts are handed out, the world's next day is computed in a twin of the world
     (:meth:`agents.world.World.prefetch`) on a spare core, while the run's thread takes the reports in and closes
     the round; the next day's request finds its values ready."""
 
     def __init__(self, params: Any, seed: int, limits: Any, world: World, network: Any,
-                 shards: list[list[tuple[int, int]]], round_seconds: float, ahead: bool = False) -> None:
+                 shards: list[list[tuple[int, int]]], round_seconds: float, ahead: bool = False,
+                 check: Callable[[Charge], Entry | None] | None = None) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
-        self.world = world
+        self.world, self.check = world, check
         cohorts = [c for shard in shards for c in shard]
         self.shard = CohortShard(params, seed, limits, world, Network(None, network, seed),  # type: ignore[arg-type]
                                  cohorts, round_seconds)
@@ -200,7 +207,10 @@ class ThreadShards:
         day = cohort_day(now, shard.round_seconds)
 
         def one(i: int) -> Answer:
-            return answer_cohort(shard.devices[i], shard.ids[i], self.world, self.nets[i], msg, day, now)
+            ans = answer_cohort(shard.devices[i], shard.ids[i], self.world, self.nets[i], msg, day, now)
+            if self.check is not None:
+                ans.entries = [self.check(c) for c in ans.charges]
+            return ans
 
         if self._pool is None:
             answers: Iterable[Answer] = [one(i) for i in range(len(shard.devices))]
@@ -270,8 +280,13 @@ class ShardedCohorts:
             answers, rejected = self.pool.answer(raw, self.world.day, float(self.env.now))
             self.rejected += rejected
             for ans in answers:  # in cohort order, as the cohorts' own processes would at this instant
-                for charge in ans.charges:
-                    self.ledger.record(charge)
+                if ans.entries is not None:
+                    for entry in ans.entries:
+                        if entry is not None:
+                            self.ledger.add(entry)
+                else:
+                    for charge in ans.charges:
+                        self.ledger.record(charge)
                 self.network.traffic.reports_lost += ans.lost
                 for data, delay, reports in ans.sent:
                     self.network.transmit(data, delay, self.send, reports=reports)

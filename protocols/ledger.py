@@ -119,7 +119,9 @@ class _SpendOrder:
         if self.values is None or self.count > self.n // 8:
             self.values, self.old, self.new = None, [], []
             return
-        before = spend[where].copy()
+        before = spend[where]
+        if isinstance(where, slice):  # a view: keep the values as they stand now (an index array copies already)
+            before = before.copy()
         self.old.append(before)
         self.new.append(before + amount)
 
@@ -159,6 +161,17 @@ def order_statistics(values: np.ndarray, cumulative: np.ndarray, ranks: np.ndarr
     return values[np.searchsorted(cumulative, ranks, side="right")]
 
 
+@dataclass(frozen=True)
+class Entry:
+    """A checked charge (:meth:`Ledger.check`): devices ``lo``..``hi - 1``, all of them (``ids`` None) or the
+    listed ``ids`` (strictly increasing, stored compactly)."""
+
+    charge: Charge
+    lo: int
+    hi: int
+    ids: np.ndarray | None
+
+
 class Ledger:
     """Per-device privacy ledger for a population of ``n_devices`` (ids 0..n-1)."""
 
@@ -173,9 +186,19 @@ class Ledger:
         self._order = _SpendOrder(self.n_devices)
 
     def record(self, charge: Charge) -> None:
+        """Check ``charge`` and add it to the devices' spend (:meth:`check`, then :meth:`add`)."""
+        entry = self.check(charge)
+        if entry is not None:
+            self.add(entry)
+
+    def check(self, charge: Charge) -> "Entry | None":
+        """The checks of :meth:`record`, without touching the ledger: ``charge``'s ids must be a one-dimensional
+        array of strictly increasing integers within the population (ValueError otherwise). Returns the entry to
+        :meth:`add` (None for a charge of no device). Reads nothing the ledger changes, so a runtime may check a
+        cohort's charges on the thread that computed them while the run's thread adds earlier ones."""
         ids = np.asarray(charge.devices)
         if ids.size == 0:
-            return
+            return None
         if ids.ndim != 1 or ids.dtype.kind not in "iu":
             raise ValueError("charge devices must be a one-dimensional array of integer ids")
         lo, hi = int(ids[0]), int(ids[-1])
@@ -183,25 +206,28 @@ class Ledger:
             raise ValueError(f"charge names devices outside [0, {self.n_devices})")
         if not _increasing(ids):  # one compiled pass; then first and last bound them all
             raise ValueError("charge devices must be strictly increasing")
-        contiguous = hi - lo + 1 == ids.size
+        if hi - lo + 1 == ids.size:
+            return Entry(charge, lo, hi + 1, None)
+        return Entry(charge, lo, hi + 1, ids.astype(np.uint32 if hi < 2**32 else np.int64))
+
+    def add(self, entry: "Entry") -> None:
+        """Add a checked charge (:meth:`check`) to the spend (or the per-report guarantees) and the charge log."""
+        charge, lo, hi, stored = entry.charge, entry.lo, entry.hi, entry.ids
         target = self.spend if charge.cumulative else None
         if target is not None and charge.amount != 0.0:
-            self._order.charged(target, ids if not contiguous else slice(lo, hi + 1), ids.size, charge.amount)
-        if contiguous:
-            self._chunks.append((charge.round, charge.time, charge.reason, charge.amount, charge.cumulative,
-                                 lo, hi + 1, None))
+            self._order.charged(target, slice(lo, hi) if stored is None else stored, hi - lo if stored is None
+                                else stored.size, charge.amount)
+        self._chunks.append((charge.round, charge.time, charge.reason, charge.amount, charge.cumulative,
+                             lo, hi, stored))
+        if stored is None:
             if target is not None:
-                target[lo:hi + 1] += charge.amount
+                target[lo:hi] += charge.amount
             else:
-                np.maximum(self.round_epsilon[lo:hi + 1], charge.amount, out=self.round_epsilon[lo:hi + 1])
+                np.maximum(self.round_epsilon[lo:hi], charge.amount, out=self.round_epsilon[lo:hi])
+        elif target is not None:
+            _add_at(target, stored, float(charge.amount))
         else:
-            stored = ids.astype(np.uint32 if hi < 2**32 else np.int64)
-            self._chunks.append((charge.round, charge.time, charge.reason, charge.amount, charge.cumulative,
-                                 lo, hi + 1, stored))
-            if target is not None:
-                _add_at(target, stored, float(charge.amount))
-            else:
-                _max_at(self.round_epsilon, stored, float(charge.amount))
+            _max_at(self.round_epsilon, stored, float(charge.amount))
 
     def snapshot(self) -> dict:
         """Every charge recorded, the spend, the per-report guarantees and the spend history, as arrays

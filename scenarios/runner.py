@@ -132,7 +132,7 @@ def _run(sc: Scenario, t0: float, slices: list[tuple[int, int]], workers: int, p
     threads = max(answering, 1)
     if answering:  # the cohorts answered together by shards in threads of this process, reading this world
         pool = ThreadShards(sc.protocol, sc.seed, sc.limits, world, sc.network, split_cohorts(slices, threads),
-                            sc.simulation.round_seconds, ahead=available_cores() >= 2)
+                            sc.simulation.round_seconds, ahead=available_cores() >= 2, check=ledger.check)
     if pool is not None:
         sharded = ShardedCohorts(env, pool, len(slices), world, network, ledger, collector.deliver)
         if not isinstance(pool, ThreadShards):
