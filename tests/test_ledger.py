@@ -203,3 +203,28 @@ def test_a_charge_must_name_strictly_increasing_devices_even_when_first_and_last
     ledger.record(Charge(1, 0.0, "g", 0.7, np.array([3, 9]), cumulative=False))
     assert ledger.spend.tolist() == [0, 0.5, 0, 0.5, 0.5, 0, 0, 0, 0, 0]
     assert ledger.round_epsilon.tolist() == [0, 0, 0, 0.7, 0, 0, 0, 0, 0, 0.7]
+
+
+def test_checking_a_charge_changes_nothing_and_adding_the_checked_entries_is_recording() -> None:
+    """Ledger.check (run on the thread that answered a cohort) reads nothing the ledger changes and refuses what
+    record refuses; adding its entries in order gives the ledger that recording the charges gives."""
+    rng = np.random.default_rng(3)
+    charges = []
+    for r in range(1, 6):
+        listed = np.flatnonzero(rng.random(500) < 0.3)
+        charges += [Charge(r, 86400.0 * r, MEMO_REVEAL, 1.0, listed),
+                    Charge(r, 86400.0 * r, ROUND_GUARANTEE, 0.7, np.arange(100, 400), cumulative=False),
+                    Charge(r, 86400.0 * r, MEMO_REVEAL, 0.5, np.arange(0, 0))]
+    recorded, added = Ledger(500), Ledger(500)
+    entries = [added.check(c) for c in charges]  # all checked before any is added
+    assert not added.spend.any() and not added.round_epsilon.any() and added.digest() == Ledger(500).digest()
+    assert entries[2] is None  # a charge of no device adds nothing
+    for c, e in zip(charges, entries):
+        recorded.record(c)
+        if e is not None:
+            added.add(e)
+    assert added.digest() == recorded.digest()
+    assert np.array_equal(added.spend, recorded.spend) and np.array_equal(added.round_epsilon, recorded.round_epsilon)
+    for bad in (np.array([3, 2]), np.array([1, 1, 3, 4]), np.array([0, 500]), np.array([[1, 2]])):
+        with pytest.raises(ValueError):
+            added.check(Charge(1, 0.0, MEMO_REVEAL, 1.0, bad))
