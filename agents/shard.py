@@ -170,7 +170,8 @@ class ThreadShards:
 
     ``ahead``: once a broadcast's cohorts are handed out, the world's next day is computed in a twin of the world
     (:meth:`agents.world.World.prefetch`) on a spare core, while the run's thread takes the reports in and closes
-    the round; the next day's request finds its values ready."""
+    the round; the next day's request finds its values ready. The first day is started at once, so the twin
+    draws the devices' levels while the run builds its collector and ledger."""
 
     def __init__(self, params: Any, seed: int, limits: Any, world: World, network: Any,
                  shards: list[list[tuple[int, int]]], round_seconds: float, ahead: bool = False,
@@ -185,6 +186,7 @@ class ThreadShards:
         self.threads = len(shards)
         self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="ldpsim-cohorts") if self.threads > 1 else None
         self._ahead = (self._pool or ThreadPoolExecutor(1, thread_name_prefix="ldpsim-world")) if ahead else None
+        self._prefetch(world.day + 1)  # the first day (its levels drawn) while the run builds its other parts
 
     def _ready(self, day: int) -> None:
         """The world at ``day`` with its values computed, before any cohort reads them."""
