@@ -73,6 +73,16 @@ def answer_cohort(device: DeviceSide, ids: np.ndarray, world: World, network: Ne
     return out
 
 
+def decode_broadcast(raw: bytes) -> tuple[CollectionRequest | Decision | Threshold | None, bool]:
+    """The collector message a cohort answers in ``raw``; or None, with whether the bytes could not be decoded
+    at all (a wire error: each cohort counts it as a rejected message) or held another kind of message."""
+    try:
+        msg = wire.decode(raw)
+    except wire.WireError:
+        return None, True
+    return (msg, False) if isinstance(msg, (CollectionRequest, Decision, Threshold)) else (None, False)
+
+
 def signed_ids(device_ids: np.ndarray) -> np.ndarray:
     """A cohort's device ids as int64 for indexing: a view of the device side's own ids where they are uint64
     (ids are below 2**63), so a population's ids are held once."""
@@ -129,12 +139,9 @@ class CohortShard:
         """Every cohort's answer to the broadcast ``raw`` received at ``now`` (the world at ``world_day``), and
         how many cohorts could not decode it."""
         self._at(world_day)
-        try:
-            msg = wire.decode(raw)
-        except wire.WireError:
-            return [Answer() for _ in self.devices], len(self.devices)
-        if not isinstance(msg, (CollectionRequest, Decision, Threshold)):
-            return [Answer() for _ in self.devices], 0
+        msg, bad = decode_broadcast(raw)
+        if msg is None:
+            return [Answer() for _ in self.devices], len(self.devices) if bad else 0
         day = cohort_day(now, self.round_seconds)
         return [answer_cohort(d, ids, self.world, self.network, msg, day, now)
                 for d, ids in zip(self.devices, self.ids)], 0
@@ -200,12 +207,9 @@ class ThreadShards:
     def answer(self, raw: bytes, world_day: int, now: float) -> tuple[Iterable[Answer], int]:
         self._ready(world_day)
         shard = self.shard
-        try:
-            msg = wire.decode(raw)
-        except wire.WireError:
-            return [Answer() for _ in shard.devices], len(shard.devices)
-        if not isinstance(msg, (CollectionRequest, Decision, Threshold)):
-            return [Answer() for _ in shard.devices], 0
+        msg, bad = decode_broadcast(raw)
+        if msg is None:
+            return [Answer() for _ in shard.devices], len(shard.devices) if bad else 0
         day = cohort_day(now, shard.round_seconds)
 
         def one(i: int) -> Answer:

@@ -239,3 +239,27 @@ def test_a_world_asked_for_another_day_than_it_computed_ahead_computes_that_day_
             ahead.prefetch(day + 1, pool.submit)
         assert not ahead.prefetch(5, pool.submit)  # the past: nothing to compute
         ahead.settle()
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_cohorts_answered_by_threads_count_a_garbled_broadcast_once_per_cohort(threads):
+    """Bytes that are no wire message are a rejected message for every cohort (as each cohort's own process
+    would count it); a wire message that is no broadcast is answered by nobody and rejected by nobody."""
+    from agents.shard import ThreadShards
+    from agents.world import World
+    from protocols import wire
+    from protocols.messages import ReportBatch
+
+    sc = schema.load("quickstart", ["population.devices=900"])
+    world = World(sc.seed, sc.devices, sc.groups, sc.changes, sc.protocol.max_value)
+    pool = ThreadShards(sc.protocol, sc.seed, sc.limits, world, sc.network,
+                        parallel.split_cohorts(runner.cohort_slices(900, 300), threads), sc.simulation.round_seconds)
+    try:
+        answers, rejected = pool.answer(b"\x93garbage", 1, 0.0)
+        assert rejected == 3 and all(not a.sent and not a.charges for a in answers)
+        other = wire.encode(ReportBatch(round=1, protocol=sc.protocol.name, devices=np.arange(2, dtype=np.uint64),
+                                        columns={"bit": np.array([0, 1], np.uint8)}))
+        answers, rejected = pool.answer(other, 1, 0.0)
+        assert rejected == 0 and all(not a.sent for a in answers)
+    finally:
+        pool.close()
