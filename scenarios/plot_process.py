@@ -104,10 +104,8 @@ class PlotProcess:
         seconds = {} if seconds is None else seconds
         while self._pending:
             name, path, args = self._pending[0]
-            try:
-                reply = read_frame(self.proc.stdout)  # type: ignore[union-attr,arg-type]
-            except (EOFError, OSError, ValueError):
-                self._lost()
+            reply = self._reply()
+            if reply is None:
                 for name, path, args in self._pending:  # the child is gone: draw the rest here
                     t = time.perf_counter()
                     _draw(name, path, args)
@@ -119,6 +117,17 @@ class PlotProcess:
                 raise PlotError(f"{path.name}: drawing it failed: {reply['error']}")
             seconds[path.name] = round(float(reply["seconds"]), 4)
         return seconds
+
+    def _reply(self) -> Any:
+        """The child's next reply, or None when it is gone (it died, or a later request found its pipe broken
+        and this process forgot it while earlier requests were still pending)."""
+        if self.proc is None:
+            return None
+        try:
+            return read_frame(self.proc.stdout)  # type: ignore[arg-type]
+        except (EOFError, OSError, ValueError):
+            self._lost()
+            return None
 
     def _lost(self) -> None:
         """The child died or its pipe broke: forget it (its pending pictures are drawn here)."""

@@ -93,3 +93,18 @@ def test_ldpsim_run_of_a_large_run_draws_its_pictures_in_a_plot_process(tmp_path
     assert len(started) == 1 and started[0].proc is None  # started, then closed
     for name in ("estimates.png", "spend.png", "summary.json"):
         assert (out / name).exists()
+
+
+def test_pictures_pending_when_a_later_request_finds_the_child_gone_are_drawn_here(tmp_path):
+    """The child dies with a picture pending; the next request finds its pipe broken and the child is forgotten:
+    finish still draws the pending picture here (it used to read from the forgotten child and fail)."""
+    painter = plot_process.start()
+    painter.draw("estimates_plot", tmp_path / "a.png", np.arange(1, 4), np.ones(3), np.ones(3), np.zeros(3), "t", [])
+    painter.proc.kill()
+    painter.proc.wait()  # surely gone: the next write breaks the pipe
+    painter.draw("estimates_plot", tmp_path / "b.png", np.arange(1, 4), np.ones(3), np.ones(3), np.zeros(3), "t", [2])
+    assert painter.proc is None and len(painter._pending) == 1
+    seconds = painter.finish()
+    painter.close()
+    assert (tmp_path / "a.png").read_bytes().startswith(PNG) and (tmp_path / "b.png").read_bytes().startswith(PNG)
+    assert "a.png" in seconds
