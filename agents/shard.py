@@ -218,13 +218,14 @@ class ThreadShards:
                 ans.entries = [self.check(c) for c in ans.charges]
             return ans
 
+        answers: Iterable[Answer]
         if self._pool is None:
-            answers: Iterable[Answer] = [one(i) for i in range(len(shard.devices))]
-            self._prefetch(world_day + 1)
-            return answers, 0
-        futures = [self._pool.submit(one, i) for i in range(len(shard.devices))]
-        self._prefetch(world_day + 1)  # queued behind the cohorts: it starts as the threads run out of them
-        return (f.result() for f in futures), 0
+            answers = [one(i) for i in range(len(shard.devices))]
+        else:
+            futures = [self._pool.submit(one, i) for i in range(len(shard.devices))]
+            answers = (f.result() for f in futures)
+        self._prefetch(world_day + 1)  # with threads, queued behind the cohorts: it starts as they run out of them
+        return answers, 0
 
     def _prefetch(self, day: int) -> None:
         if self._ahead is not None:
@@ -239,7 +240,7 @@ class ThreadShards:
 
     def close(self) -> None:
         self.world.settle()
-        for pool in {id(p): p for p in (self._pool, self._ahead) if p is not None}.values():
+        for pool in {self._pool, self._ahead} - {None}:
             pool.shutdown(wait=True)
 
 
@@ -286,13 +287,10 @@ class ShardedCohorts:
             answers, rejected = self.pool.answer(raw, self.world.day, float(self.env.now))
             self.rejected += rejected
             for ans in answers:  # in cohort order, as the cohorts' own processes would at this instant
-                if ans.entries is not None:
-                    for entry in ans.entries:
-                        if entry is not None:
-                            self.ledger.add(entry)
-                else:
-                    for charge in ans.charges:
-                        self.ledger.record(charge)
+                # checked on the thread that answered (ThreadShards), or here
+                for entry in ans.entries if ans.entries is not None else map(self.ledger.check, ans.charges):
+                    if entry is not None:
+                        self.ledger.add(entry)
                 self.network.traffic.reports_lost += ans.lost
                 for data, delay, reports in ans.sent:
                     self.network.transmit(data, delay, self.send, reports=reports)

@@ -215,8 +215,8 @@ class Ledger:
         charge, lo, hi, stored = entry.charge, entry.lo, entry.hi, entry.ids
         target = self.spend if charge.cumulative else None
         if target is not None and charge.amount != 0.0:
-            self._order.charged(target, slice(lo, hi) if stored is None else stored, hi - lo if stored is None
-                                else stored.size, charge.amount)
+            where = slice(lo, hi) if stored is None else stored
+            self._order.charged(target, where, hi - lo if stored is None else stored.size, charge.amount)
         self._chunks.append((charge.round, charge.time, charge.reason, charge.amount, charge.cumulative,
                              lo, hi, stored))
         if stored is None:
