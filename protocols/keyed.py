@@ -65,7 +65,7 @@ def stream_key(seed: int, purpose: int, *context: int) -> int:
 
 
 @nb.njit(inline="always")
-def _mix(z):
+def mix(z):
     z = (z ^ (z >> np.uint64(30))) * np.uint64(_M1)
     z = (z ^ (z >> np.uint64(27))) * np.uint64(_M2)
     return z ^ (z >> np.uint64(31))
@@ -80,14 +80,14 @@ def _unit(z):
 @nb.njit(inline="always")
 def uniform1(key, device):
     """One uniform in [0, 1) for (key, device): the scalar building block of every kernel."""
-    return _unit(_mix(device * np.uint64(GOLDEN) + key))
+    return _unit(mix(device * np.uint64(GOLDEN) + key))
 
 
 @nb.njit(inline="always")
 def uniform2(key, device, sub):
     """One uniform keyed by (key, device, sub): e.g. the memo bit of grid value ``sub``."""
-    z = _mix(device * np.uint64(GOLDEN) + key)
-    return _unit(_mix(z + (sub + np.uint64(1)) * np.uint64(GOLDEN)))
+    z = mix(device * np.uint64(GOLDEN) + key)
+    return _unit(mix(z + (sub + np.uint64(1)) * np.uint64(GOLDEN)))
 
 
 # Acklam's rational approximation of the inverse normal CDF (relative error < 1.2e-9): pure arithmetic in
@@ -102,6 +102,20 @@ _D = (7.784695709041462e-03, 3.224671290700398e-01, 2.445134137142996e00, 3.7544
 _P_LOW = 0.02425
 
 
+P_LOW = _P_LOW  # below P_LOW and above 1 - P_LOW: the tails of inverse_normal_cdf
+TWO_M53 = _TWO_M53
+
+
+@nb.njit(inline="always")
+def central_normal(p):
+    """The central branch of :func:`inverse_normal_cdf` (its value for P_LOW <= p <= 1 - P_LOW), branch-free: a
+    kernel computes it for every draw in vector instructions and redoes the few tail draws."""
+    q = p - 0.5
+    r = q * q
+    return ((((((_A[0] * r + _A[1]) * r + _A[2]) * r + _A[3]) * r + _A[4]) * r + _A[5]) * q
+            / (((((_B[0] * r + _B[1]) * r + _B[2]) * r + _B[3]) * r + _B[4]) * r + 1.0))
+
+
 @nb.njit(inline="always")
 def inverse_normal_cdf(p):
     """Standard normal quantile of p in (0, 1) (Acklam's algorithm)."""
@@ -113,16 +127,13 @@ def inverse_normal_cdf(p):
         q = math.sqrt(-2.0 * math.log(1.0 - p))
         return -((((((_C[0] * q + _C[1]) * q + _C[2]) * q + _C[3]) * q + _C[4]) * q + _C[5])
                  / ((((_D[0] * q + _D[1]) * q + _D[2]) * q + _D[3]) * q + 1.0))
-    q = p - 0.5
-    r = q * q
-    return ((((((_A[0] * r + _A[1]) * r + _A[2]) * r + _A[3]) * r + _A[4]) * r + _A[5]) * q
-            / (((((_B[0] * r + _B[1]) * r + _B[2]) * r + _B[3]) * r + _B[4]) * r + 1.0))
+    return central_normal(p)
 
 
 @nb.njit(inline="always")
 def normal1(key, device):
     """One standard normal for (key, device): the inverse CDF of a keyed uniform in (0, 1)."""
-    z = _mix(device * np.uint64(GOLDEN) + key)
+    z = mix(device * np.uint64(GOLDEN) + key)
     return inverse_normal_cdf((np.float64(z >> np.uint64(11)) + 0.5) * _TWO_M53)
 
 
