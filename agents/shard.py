@@ -229,7 +229,7 @@ class ThreadShards:
 
     def _prefetch(self, day: int) -> None:
         if self._ahead is not None:
-            self.world.prefetch(day, self._ahead.submit)
+            self.world.prefetch(day, self._ahead.submit, parts=self.threads)
 
     def values(self, day: int) -> tuple[np.ndarray, int]:
         self._ready(day)

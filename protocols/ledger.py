@@ -69,11 +69,15 @@ def quantiles(values: np.ndarray, cumulative: np.ndarray, qs: tuple[float, ...])
 
 @nb.njit(cache=True, nogil=True)
 def _increasing(ids):  # pragma: no cover (compiled)
-    """Whether ``ids`` are strictly increasing."""
-    for i in range(1, ids.shape[0]):
-        if ids[i] <= ids[i - 1]:
-            return False
-    return True
+    """Whether ``ids`` are strictly increasing: one pass without an early exit, which the compiler turns into
+    vector instructions (5-10x a loop that stops at the first fault; a valid charge is read whole anyway)."""
+    if ids.shape[0] < 2:
+        return True
+    later, earlier = ids[1:], ids[:-1]
+    bad = False
+    for i in range(later.shape[0]):
+        bad |= later[i] <= earlier[i]
+    return not bad
 
 
 @nb.njit(cache=True, nogil=True)
@@ -184,6 +188,9 @@ class Ledger:
         self.history: list[dict[str, float]] = []  # spend distribution after each round
         # the spend in sorted order, kept up to date while few devices are charged a round (close_round)
         self._order = _SpendOrder(self.n_devices)
+        # per id range [lo, hi): the largest per-report guarantee already raised over all of it, so the same
+        # guarantee charged to the same cohort every round (output perturbation) costs no pass over its devices
+        self._floors: dict[tuple[int, int], float] = {}
 
     def record(self, charge: Charge) -> None:
         """Check ``charge`` and add it to the devices' spend (:meth:`check`, then :meth:`add`)."""
@@ -222,8 +229,9 @@ class Ledger:
         if stored is None:
             if target is not None:
                 target[lo:hi] += charge.amount
-            else:
+            elif self._floors.get((lo, hi), -1.0) < charge.amount:  # else every device holds it already
                 np.maximum(self.round_epsilon[lo:hi], charge.amount, out=self.round_epsilon[lo:hi])
+                self._floors[(lo, hi)] = charge.amount
         elif target is not None:
             _add_at(target, stored, float(charge.amount))
         else:
@@ -284,6 +292,7 @@ class Ledger:
         self.spend = snap.array(state, "spend", np.float64, (self.n_devices,)).copy()
         self._order = _SpendOrder(self.n_devices)
         self.round_epsilon = snap.array(state, "round_epsilon", np.float64, (self.n_devices,)).copy()
+        self._floors = {}
         self._chunks = chunks
         self.history = [{k: (int(v) if k == "round" else float(v)) for k, v in zip(keys, row) if not np.isnan(v)}
                         for row in history.tolist()]

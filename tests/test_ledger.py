@@ -228,3 +228,41 @@ def test_checking_a_charge_changes_nothing_and_adding_the_checked_entries_is_rec
     for bad in (np.array([3, 2]), np.array([1, 1, 3, 4]), np.array([0, 500]), np.array([[1, 2]])):
         with pytest.raises(ValueError):
             added.check(Charge(1, 0.0, MEMO_REVEAL, 1.0, bad))
+
+
+@pytest.mark.parametrize("size", [2, 3, 1000, 4099])
+def test_a_fault_anywhere_in_a_long_charge_is_found(size: int) -> None:
+    """The increasing check reads a charge whole in one pass (no early exit): a repeat or a step back at the
+    first pair, in the middle or at the last pair is refused for every length (vector bodies and remainders)."""
+    ledger = Ledger(10_000)
+    for at in sorted({1, size // 2, size - 1}):
+        for fault in ("repeat", "back"):
+            ids = np.arange(10, 10 + 2 * size, 2, dtype=np.int64)
+            ids[at] = ids[at - 1] if fault == "repeat" else ids[at - 1] - 1
+            with pytest.raises(ValueError, match="strictly increasing"):
+                ledger.check(Charge(1, 0.0, MEMO_REVEAL, 1.0, ids))
+            with pytest.raises(ValueError, match="strictly increasing"):
+                ledger.check(Charge(1, 0.0, MEMO_REVEAL, 1.0, ids.astype(np.uint32)))
+    assert ledger.check(Charge(1, 0.0, MEMO_REVEAL, 1.0, np.arange(0, 2 * size, 2))) is not None
+
+
+def test_a_per_report_guarantee_charged_again_to_the_same_devices_keeps_every_device_at_its_largest() -> None:
+    """The same guarantee charged to the same cohort every round is skipped once every device holds it; a larger
+    one still raises them all, a listed device above it keeps its own, and a restored ledger forgets what it
+    skipped (its guarantees are the snapshot's)."""
+    ledger = Ledger(10)
+    g = lambda amount, ids: Charge(1, 0.0, ROUND_GUARANTEE, amount, np.asarray(ids), cumulative=False)  # noqa: E731
+    ledger.record(g(0.5, np.arange(0, 10)))
+    ledger.record(g(0.9, [2, 7]))
+    ledger.record(g(0.5, np.arange(0, 10)))
+    assert ledger.round_epsilon.tolist() == [0.5, 0.5, 0.9, 0.5, 0.5, 0.5, 0.5, 0.9, 0.5, 0.5]
+    ledger.record(g(0.7, np.arange(0, 10)))
+    ledger.record(g(0.6, np.arange(0, 10)))
+    assert ledger.round_epsilon.tolist() == [0.7, 0.7, 0.9, 0.7, 0.7, 0.7, 0.7, 0.9, 0.7, 0.7]
+    ledger.record(g(0.8, np.arange(3, 6)))
+    assert ledger.round_epsilon.tolist() == [0.7, 0.7, 0.9, 0.8, 0.8, 0.8, 0.7, 0.9, 0.7, 0.7]
+    ledger.restore(Ledger(10).snapshot())
+    ledger.record(g(0.7, np.arange(0, 10)))
+    fresh = Ledger(10)
+    fresh.record(g(0.7, np.arange(0, 10)))
+    assert ledger.round_epsilon.tolist() == [0.7] * 10 and ledger.digest() == fresh.digest()

@@ -150,10 +150,12 @@ def test_a_shard_computing_the_next_day_ahead_serves_the_same_values_and_answers
     ("thresh_drift", ("rounds=21",)),  # private bits
 ])
 @pytest.mark.parametrize("held", [False, True])
-def test_a_world_computing_its_next_day_in_a_twin_serves_the_values_it_would_compute(name, extra, held):
-    """World.prefetch: day d + 1 computed in a background thread by a twin (a copy of the levels when the world
-    holds them, else drawn afresh) gives exactly the values and clipped count the world computes itself, change
-    days included, and the world keeps serving its own day meanwhile."""
+@pytest.mark.parametrize("threads, parts", [(1, 1), (3, 4)])
+def test_a_world_computing_its_next_day_in_a_twin_serves_the_values_it_would_compute(name, extra, held, threads,
+                                                                                     parts):
+    """World.prefetch: day d + 1 computed in background threads by a twin (a copy of the levels when the world
+    holds them, else drawn afresh), in ``parts`` jobs over the devices, gives exactly the values and clipped
+    count the world computes itself, change days included, and the world keeps serving its own day meanwhile."""
     from concurrent.futures import ThreadPoolExecutor
 
     from agents.world import World
@@ -166,7 +168,7 @@ def test_a_world_computing_its_next_day_in_a_twin_serves_the_values_it_would_com
     ahead, plain = world(), world()
     ids = np.arange(sc.devices)
     taken = 0
-    with ThreadPoolExecutor(1) as pool:
+    with ThreadPoolExecutor(threads) as pool:
         for day in range(1, sc.rounds + 1):
             ahead.advance_to(day)
             plain.advance_to(day)
@@ -177,7 +179,7 @@ def test_a_world_computing_its_next_day_in_a_twin_serves_the_values_it_would_com
             assert np.array_equal(va, vp) and ca == cp
             if day > 1:
                 taken += ahead._cache is ahead._ahead._cache  # the day's values came from the twin
-            assert ahead.prefetch(day + 1, pool.submit)
+            assert ahead.prefetch(day + 1, pool.submit, parts=parts)
             again, _ = ahead.values(ids)  # still today's values while tomorrow's are computed
             assert np.array_equal(again, vp)
         ahead.settle()
