@@ -37,12 +37,12 @@ def _num(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.4g}"
 
 
-def _progress_bar(total: int, enabled: bool):
+def _progress_bar(total: int, enabled: bool, desc: str = "simulating"):
     if not enabled:
         return None, lambda: None
     from tqdm import tqdm
 
-    bar = tqdm(total=total, unit="round", desc="simulating", file=sys.stderr, dynamic_ncols=True)
+    bar = tqdm(total=total, unit="round", desc=desc, file=sys.stderr, dynamic_ncols=True)
 
     def update(done: int, _total: int) -> None:
         bar.update(done - bar.n)
@@ -145,7 +145,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     scenario = load(args.scenario, args.set)
     out = Path(args.out or f"runs/{scenario.name}-compare")
-    table = compare.compare(scenario, out)
+    table = compare.compare(scenario, out, lambda label, rounds: _progress_bar(rounds, not args.quiet,
+                                                                               f"simulating {label}"))
     for k in (scenario.protocol.name, "naive"):
         e, eps = table[k]["error"], table[k]["epsilon"]
         print(f"{k:>6}: mean |error| {e['mean_abs']:.4g}, max |error| {e['max_abs']:.4g}; "
@@ -364,6 +365,7 @@ def parser() -> argparse.ArgumentParser:
     cmp_.add_argument("scenario", help="a thresh scenario file or shipped name (e.g. thresh_stable)")
     cmp_.add_argument("--out", help="output directory (default: runs/<name>-compare)")
     cmp_.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a scenario key")
+    cmp_.add_argument("--quiet", action="store_true", help="no progress bars")
     cmp_.set_defaults(func=cmd_compare)
 
     def live_common(p: argparse.ArgumentParser) -> None:

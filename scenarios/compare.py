@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -35,13 +36,22 @@ def naive_twin(sc: Scenario) -> Scenario:
     return parse(raw)
 
 
-def compare(sc: Scenario, out: Path) -> dict:
+def compare(sc: Scenario, out: Path,
+            progress: Callable[[str, int], tuple[Callable[[int, int], None] | None, Callable[[], None]]] | None = None
+            ) -> dict:
     """Run ``sc`` and its naive twin; write compare.csv, compare.json and compare.png to ``out``. The table is
-    keyed by the protocol's name and "naive"."""
+    keyed by the protocol's name and "naive". ``progress(label, rounds)``: an (update, close) pair for each run
+    (``update(done, total)`` after each round, as runner.run's ``progress``)."""
     twin = naive_twin(sc)
     out.mkdir(parents=True, exist_ok=True)
     name = sc.protocol.name
-    results = {name: runner.run(sc), "naive": runner.run(twin)}
+    results = {}
+    for label, scenario in ((name, sc), ("naive", twin)):
+        update, close = progress(label, scenario.rounds) if progress is not None else (None, lambda: None)
+        try:
+            results[label] = runner.run(scenario, progress=update)
+        finally:
+            close()
     summaries = {k: output.summary(r) for k, r in results.items()}
     if sc.protocol.kind == "histogram":
         return _compare_items(sc, twin, out, results, summaries)

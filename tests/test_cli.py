@@ -323,3 +323,16 @@ def test_run_process_output_and_imports(tmp_path):
     imported = {line.rsplit("|", 1)[-1].strip() for line in p.stderr.splitlines() if line.startswith("import time:")}
     assert "numba" in imported and "matplotlib" in imported  # the switch worked
     assert not imported & {"pandas", "matplotlib.pyplot", "pyarrow.compute"}, imported & {"pandas", "matplotlib.pyplot"}
+
+
+def test_compare_shows_a_progress_bar_per_run_unless_quiet(tmp_path, capsys):
+    """ldpsim compare runs the protocol and its naive baseline: a progress bar for each (stderr), none with
+    --quiet, the same table either way."""
+    args = ["compare", "thresh_stable", "--set", "population.devices=500", "--set", "rounds=42"]
+    assert main(args + ["--out", str(tmp_path / "a")]) == 0
+    shown = capsys.readouterr()
+    assert "simulating thresh" in shown.err and "simulating naive" in shown.err and "42/42" in shown.err
+    assert main(args + ["--out", str(tmp_path / "b"), "--quiet"]) == 0
+    quiet = capsys.readouterr()
+    assert "simulating" not in quiet.err and "%|" not in quiet.err
+    assert quiet.out == shown.out.replace(str(tmp_path / "a"), str(tmp_path / "b"))
