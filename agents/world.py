@@ -165,12 +165,10 @@ def _plain_range(levels, sds, key, m, base, out, start, stop):
     for b0 in range(start, stop, _BLOCK):
         size = min(_BLOCK, stop - b0)
         for j in range(size):
-            w = keyed.mix(np.uint64(base + b0 + j) * np.uint64(keyed.GOLDEN) + key)
-            pj = (np.float64(w >> np.uint64(11)) + 0.5) * keyed.TWO_M53  # as keyed.normal1
-            p[j] = pj
-            z[j] = keyed.central_normal(pj)
+            p[j] = keyed.normal_uniform(key, np.uint64(base + b0 + j))
+            z[j] = keyed.central_normal(p[j])
         for j in range(size):
-            if p[j] < keyed.P_LOW or p[j] > 1.0 - keyed.P_LOW:
+            if keyed.normal_tail(p[j]):
                 z[j] = keyed.inverse_normal_cdf(p[j])
         for j in range(size):
             i = b0 + j
@@ -322,15 +320,15 @@ class World:
             ahead.advance_to(day)
             return None if ahead._cache_day == day else ahead._kernel_args(day)
 
-        first = submit(start)
         size = ahead.span[1] - ahead.span[0]
+        parts = max(1, min(int(parts), size))
+        first = submit(start)
 
         def part(k: int) -> int:
             args = first.result()  # submitted first, so already taken by a thread: no job waits on a queued one
             return 0 if args is None else int(_values_kernel_serial(*args, size * k // parts,
                                                                      size * (k + 1) // parts))
 
-        parts = max(1, min(int(parts), size))
         self._pending = (day, [first] + [submit(functools.partial(part, k)) for k in range(parts)])
         return True
 
@@ -383,7 +381,13 @@ class World:
                                                                       self.max_value)
         for number in range(1, self._applied + 1):
             self._redraw(number)
+        self._plain = self._is_plain()
         return self._levels
+
+    def _is_plain(self) -> bool:
+        """Whether no held device is binary, reads a data set or is shaped by a behavior (the values kernel's
+        vectorized path, :func:`_plain_range`)."""
+        return not (self.binary.any() or self.free.any() or int(self.source.max(initial=-1)) >= 0)
 
     def _redraw(self, number: int) -> None:
         """The ``number``-th change (1-based, in round order) applied to the held devices it hits."""
@@ -398,6 +402,7 @@ class World:
             levels[at] = ch.counter.sample(stream_key(self.seed, Purpose.LEVEL, number), ids, self.max_value)
         if ch.jitter_sd is not None:
             self._sds[at] = ch.jitter_sd
+        self._plain = self._is_plain()
 
     def _held_range(self, name: str) -> tuple[int, int]:
         """The ids a..b-1 of group ``name`` that this world holds (its span)."""
@@ -495,8 +500,7 @@ class World:
         key = np.uint64(stream_key(self.seed, Purpose.JITTER, day))
         pool = getattr(self, "_pool", np.zeros(1))
         offsets = getattr(self, "_offsets", np.zeros(2, np.int64))
-        plain = not (self.binary.any() or self.free.any() or int(self.source.max(initial=-1)) >= 0)
-        return (plain, self._levels, self._sds, self.binary, self.source, pool, offsets, key, self.max_value,
+        return (self._plain, self._levels, self._sds, self.binary, self.source, pool, offsets, key, self.max_value,
                 self.free, lo, self._cache)
 
     def values(self, ids: np.ndarray, day: int | None = None) -> tuple[np.ndarray, int]:

@@ -102,8 +102,16 @@ _D = (7.784695709041462e-03, 3.224671290700398e-01, 2.445134137142996e00, 3.7544
 _P_LOW = 0.02425
 
 
-P_LOW = _P_LOW  # below P_LOW and above 1 - P_LOW: the tails of inverse_normal_cdf
-TWO_M53 = _TWO_M53
+@nb.njit(inline="always")
+def normal_uniform(key, device):
+    """The uniform in (0, 1) whose inverse normal CDF is :func:`normal1`'s draw for (key, device)."""
+    return (np.float64(mix(device * np.uint64(GOLDEN) + key) >> np.uint64(11)) + 0.5) * _TWO_M53
+
+
+@nb.njit(inline="always")
+def normal_tail(p):
+    """Whether :func:`inverse_normal_cdf` takes a tail branch for p (about 5% of draws)."""
+    return p < _P_LOW or p > 1.0 - _P_LOW
 
 
 @nb.njit(inline="always")
@@ -133,8 +141,7 @@ def inverse_normal_cdf(p):
 @nb.njit(inline="always")
 def normal1(key, device):
     """One standard normal for (key, device): the inverse CDF of a keyed uniform in (0, 1)."""
-    z = mix(device * np.uint64(GOLDEN) + key)
-    return inverse_normal_cdf((np.float64(z >> np.uint64(11)) + 0.5) * _TWO_M53)
+    return inverse_normal_cdf(normal_uniform(key, device))
 
 
 @nb.njit(cache=True, nogil=True)
