@@ -32,7 +32,7 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes from /proc (Linux)")
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds orphaned sweep workers through /proc, which only Linux has")
 def test_sweep_workers_exit_when_the_parent_is_killed(tmp_path) -> None:
     cmd = [sys.executable, "-m", "scenarios.cli", "sweep", "quickstart", "--grid", "protocol.epsilon=0.5,1,2,4",
            "--repeat", "20", "--workers", "2", "--out", str(tmp_path / "sweep"), "--set", "population.devices=200000"]
