@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import re
 import struct
+import threading
 
 import msgpack
 import numpy as np
@@ -130,7 +131,21 @@ def encode(msg: Message) -> bytes:
         body = {"round": msg.round, "protocol": msg.protocol, "devices": msg.devices, "columns": msg.columns}
     else:
         raise TypeError(f"not a message: {type(msg).__name__}")
-    return msgpack.packb({"v": VERSION, "type": msg.TYPE, **body}, default=_default, use_bin_type=True)
+    packer = getattr(_packers, "packer", None)
+    if packer is None:
+        packer = _packers.packer = msgpack.Packer(default=_default, use_bin_type=True)
+    data = packer.pack({"v": VERSION, "type": msg.TYPE, **body})
+    if len(data) > KEEP_PACKER_BYTES:  # do not hold a buffer this large for the thread's later messages
+        del _packers.packer
+    return data
+
+
+#: Each thread's msgpack packer, reused: ``msgpack.packb`` builds a packer per call whose buffer grows by
+#: reallocation past glibc's mmap threshold, so every report batch of a few hundred kB cost a few hundred page
+#: faults (10x the encoding itself; more with several threads, which share the page tables). A packer resets
+#: its buffer after each message, an exception included, and keeps the memory.
+_packers = threading.local()
+KEEP_PACKER_BYTES = 16 * 1024 * 1024
 
 
 # ----------------------------------------------------------------------------------------------- decoding

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from agents.behavior import BehaviorError
+from scenarios import allocator
 from scenarios.schema import ScenarioError, load
 
 
@@ -546,6 +547,8 @@ def _exit_now(code: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if _is_process_entry(argv):  # the ldpsim program owns its process (not a caller passing argv)
+        allocator.tune()
     code = _command(args)
     if args.command in FAST_EXIT and getattr(args, "engine", "local") == "local" and _is_process_entry(argv):
         _exit_now(code)  # (--engine ray: Ray's own shutdown is left to the ordinary exit)

@@ -319,4 +319,7 @@ def worker(stdin: BinaryIO, stdout: BinaryIO) -> int:
 if __name__ == "__main__":
     _frames = os.fdopen(os.dup(1), "wb")  # the frames go to the original stdout; anything printed, to stderr
     os.dup2(2, 1)
+    from scenarios import allocator
+
+    allocator.tune()
     sys.exit(worker(sys.stdin.buffer, _frames))

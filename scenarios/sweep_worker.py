@@ -22,6 +22,8 @@ import time
 import traceback
 from typing import Any
 
+from scenarios import allocator
+
 #: the environment of a sweep worker: every thread pool a run could start holds one thread
 THREAD_ENV = {"NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
               "OPENBLAS_NUM_THREADS": "1"}
@@ -137,18 +139,21 @@ def pool_job(job: dict[str, Any]) -> dict[str, Any]:
 
 def pool_init(parent: int, scenarios: list[dict[str, Any]]) -> None:
     """Initializer of a local pool process (spawned, so nothing is imported yet): Ctrl-C is left to the
-    parent, which stops the pool; exit with the parent; one thread per pool; warm the kernels."""
+    parent, which stops the pool; exit with the parent; one thread per pool; the allocator keeps freed memory
+    (scenarios/allocator.py); warm the kernels."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     exit_with_parent(parent)
     pin_threads()
+    allocator.tune()
     warm(scenarios)
 
 
 def cluster_job(job: dict[str, Any], parent: int | None = None) -> dict[str, Any]:
     """A Dask task: pin this thread to one numba thread, warm this process for the job's protocol (once),
     then ``run_job``. ``parent``: the sweep's process id when it started the cluster (``local:N``)."""
-    if parent is not None:
+    if parent is not None:  # a worker of the cluster the sweep started: its process is ours to tune
         exit_with_parent(parent)
+        allocator.tune()
     pin_threads()
     warm([job["scenario"]])
     return run_job(job, one_process=True)

@@ -149,6 +149,45 @@ def test_encode_refuses_non_wire_arrays(bad):
         encode(ReportBatch(1, "p", np.arange(len(bad), dtype=np.uint32), {"c": bad}))
 
 
+def reference_encoding(msg: ReportBatch) -> bytes:
+    """The encoding by a fresh msgpack packer per message (what wire.encode's reused packers must match)."""
+    body = {"v": wire.VERSION, "type": msg.TYPE, "round": msg.round, "protocol": msg.protocol,
+            "devices": msg.devices, "columns": msg.columns}
+    return msgpack.packb(body, default=wire._default, use_bin_type=True)
+
+
+def test_reused_packer_after_a_failed_encoding_starts_clean():
+    """A message that fails half-way (its second column is not a wire array) leaves nothing in the thread's
+    packer: the next message is exactly what a fresh packer makes."""
+    good = sample_batch(np.random.default_rng(5), 300)
+    encode(good)
+    bad = ReportBatch(1, "p", np.arange(3, dtype=np.uint32), {"a": np.ones(3, np.uint8), "b": np.ones(3, np.int16)})
+    with pytest.raises(ValueError):
+        encode(bad)
+    assert encode(good) == reference_encoding(good)
+    assert_same(decode(encode(good)), good)
+
+
+def test_encoding_from_several_threads_at_once():
+    from concurrent.futures import ThreadPoolExecutor
+
+    msgs = [sample_batch(np.random.default_rng(i), 2000 + i) for i in range(16)]
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda m: [encode(m) for _ in range(5)], msgs))
+    for msg, encodings in zip(msgs, got):
+        assert encodings == [reference_encoding(msg)] * 5
+
+
+def test_thread_keeps_no_packer_after_a_very_large_message(monkeypatch):
+    monkeypatch.setattr(wire, "KEEP_PACKER_BYTES", 1000)
+    small, large = sample_batch(np.random.default_rng(1), 3), sample_batch(np.random.default_rng(2), 500)
+    encode(small)
+    assert getattr(wire._packers, "packer", None) is not None
+    assert encode(large) == reference_encoding(large)
+    assert getattr(wire._packers, "packer", None) is None
+    assert encode(small) == reference_encoding(small)
+
+
 # ----------------------------------------------------------------------------------------------- malformed
 MALFORMED = [
     # size and framing
