@@ -178,7 +178,11 @@ class ThreadShards:
     ``ahead``: once a broadcast's cohorts are handed out, the world's next day is computed in a twin of the world
     (:meth:`agents.world.World.prefetch`) on a spare core, while the run's thread takes the reports in and closes
     the round; the next day's request finds its values ready. The first day is started at once, so the twin
-    draws the devices' levels while the run builds its collector and ledger."""
+    draws the devices' levels while the run builds its collector and ledger.
+
+    ``submit``: with ``ahead``, a further thread for the run's own side work: once a broadcast's charges are
+    recorded, :class:`ShardedCohorts` has the ledger compute the round's spend distribution there
+    (:meth:`~protocols.ledger.Ledger.distribution_ahead`) while its thread takes the reports in."""
 
     def __init__(self, params: Any, seed: int, limits: Any, world: World, network: Any,
                  shards: list[list[tuple[int, int]]], round_seconds: float, ahead: bool = False,
@@ -193,6 +197,7 @@ class ThreadShards:
         self.threads = len(shards)
         self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="ldpsim-cohorts") if self.threads > 1 else None
         self._ahead = (self._pool or ThreadPoolExecutor(1, thread_name_prefix="ldpsim-world")) if ahead else None
+        self._side = ThreadPoolExecutor(1, thread_name_prefix="ldpsim-side") if ahead else None
         self._prefetch(world.day + 1)  # the first day (its levels drawn) while the run builds its other parts
 
     def _ready(self, day: int) -> None:
@@ -227,6 +232,12 @@ class ThreadShards:
         self._prefetch(world_day + 1)  # with threads, queued behind the cohorts: it starts as they run out of them
         return answers, 0
 
+    @property
+    def submit(self) -> Callable[..., Any] | None:
+        """Where the run's thread may hand work of its own to run beside it (an executor's ``submit``; None on
+        one core): a thread of its own, so that the work does not queue behind the next day's values."""
+        return self._side.submit if self._side is not None else None
+
     def _prefetch(self, day: int) -> None:
         if self._ahead is not None:
             self.world.prefetch(day, self._ahead.submit, parts=self.threads)
@@ -240,8 +251,9 @@ class ThreadShards:
 
     def close(self) -> None:
         self.world.settle()
-        for pool in {self._pool, self._ahead} - {None}:
-            pool.shutdown(wait=True)
+        for pool in {self._pool, self._ahead, self._side}:
+            if pool is not None:
+                pool.shutdown(wait=True)
 
 
 class ShardPool(Protocol):
@@ -294,3 +306,6 @@ class ShardedCohorts:
                 self.network.traffic.reports_lost += ans.lost
                 for data, delay, reports in ans.sent:
                     self.network.transmit(data, delay, self.send, reports=reports)
+            submit = getattr(self.pool, "submit", None)
+            if submit is not None:  # the broadcast's charges are in: the round's spend figures, beside the reports
+                self.ledger.distribution_ahead(submit)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import numba as nb
 import numpy as np
@@ -191,6 +191,7 @@ class Ledger:
         # per id range [lo, hi): the largest per-report guarantee already raised over all of it, so the same
         # guarantee charged to the same cohort every round (output perturbation) costs no pass over its devices
         self._floors: dict[tuple[int, int], float] = {}
+        self._ahead: Any = None  # the spend distribution being computed ahead of close_round (a future)
 
     def record(self, charge: Charge) -> None:
         """Check ``charge`` and add it to the devices' spend (:meth:`check`, then :meth:`add`)."""
@@ -219,6 +220,7 @@ class Ledger:
 
     def add(self, entry: "Entry") -> None:
         """Add a checked charge (:meth:`check`) to the spend (or the per-report guarantees) and the charge log."""
+        self._settle()
         charge, lo, hi, stored = entry.charge, entry.lo, entry.hi, entry.ids
         target = self.spend if charge.cumulative else None
         if target is not None and charge.amount != 0.0:
@@ -264,6 +266,7 @@ class Ledger:
         """Restore :meth:`snapshot` into an empty ledger of the same population."""
         from protocols import snapshot as snap
 
+        self._settle()
         if snap.field(state, "n_devices", int) != self.n_devices:
             raise snap.SnapshotError(f"a ledger of {state['n_devices']} devices does not fit {self.n_devices}")
         n = snap.array(state, "round", np.int64, (None,)).size
@@ -299,17 +302,37 @@ class Ledger:
 
     def close_round(self, round_: int, time: float) -> dict[str, float]:
         """Snapshot the distribution of cumulative spend over devices (for the event log and the plot)."""
-        s = self.spend
-        if s.size:
-            multiset = self._order.sorted(s)
-            qs = quantiles(*multiset, QUANTILES) if multiset is not None else np.quantile(s, QUANTILES)
-            lo, hi = (multiset[0][0], multiset[0][-1]) if multiset is not None else (s.min(), s.max())
-            snap = {"round": round_, "time": time, "min": float(lo), "mean": float(s.mean()),
-                    "max": float(hi), **{f"p{round(q * 100)}": float(v) for q, v in zip(QUANTILES, qs)}}
-        else:
-            snap = {"round": round_, "time": time}
+        ahead, self._ahead = self._ahead, None
+        snap = {"round": round_, "time": time, **(ahead.result() if ahead is not None else self._distribution())}
         self.history.append(snap)
         return snap
+
+    def distribution_ahead(self, submit: Callable[[Callable[[], dict[str, float]]], Any]) -> None:
+        """Start computing the spend distribution that :meth:`close_round` reports, as a job given to
+        ``submit`` (an executor's, so on another core), when a runtime has recorded the charges of a broadcast
+        and expects no more before the round closes: its thread then takes the reports in meanwhile. A charge
+        added (or a restore) before the round closes waits for the job and drops it; the round's figures are
+        then computed again at close, from the spend as it stands, so they never depend on this call."""
+        self._settle()
+        self._ahead = submit(self._distribution)
+
+    def _settle(self) -> None:
+        """No distribution job running (called before anything changes the spend or its order)."""
+        if self._ahead is not None:
+            ahead, self._ahead = self._ahead, None
+            ahead.result()
+
+    def _distribution(self) -> dict[str, float]:
+        """min, mean, max and the QUANTILES of the spend (nothing for a population of none). Reads the spend
+        and updates only the spend's sorted order (so a job running it may overlap :meth:`check`)."""
+        s = self.spend
+        if not s.size:
+            return {}
+        multiset = self._order.sorted(s)
+        qs = quantiles(*multiset, QUANTILES) if multiset is not None else np.quantile(s, QUANTILES)
+        lo, hi = (multiset[0][0], multiset[0][-1]) if multiset is not None else (s.min(), s.max())
+        return {"min": float(lo), "mean": float(s.mean()), "max": float(hi),
+                **{f"p{round(q * 100)}": float(v) for q, v in zip(QUANTILES, qs)}}
 
     def summary(self) -> dict[str, float]:
         """Per-device cumulative spend at the end: max, mean, p50, p99."""

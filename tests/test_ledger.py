@@ -150,6 +150,70 @@ def test_the_spend_distribution_kept_in_order_equals_numpy_quantiles_round_after
     assert kept > 100  # the kept order was exercised, not only numpy's fallback
 
 
+class _Deferred:
+    """A job handed to ``submit`` that runs when its result is first asked for, keeping the spend it saw:
+    shows when the ledger waits for the job, not only what the job returns."""
+
+    def __init__(self, ledger, job) -> None:
+        self.ledger, self.job, self.value, self.saw = ledger, job, None, None
+
+    def result(self):
+        if self.saw is None:
+            self.saw = self.ledger.spend.copy()
+            self.value = self.job()
+        return self.value
+
+
+def test_the_spend_distribution_computed_ahead_is_the_one_computed_at_close():
+    """Ledger.distribution_ahead (the runtime starts it once a broadcast's charges are in, on another core):
+    every round's figures equal a ledger's that never computed ahead, whether or not more charges come after
+    the job started (those wait for the job, drop it, and the close computes again), and across a restore."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from protocols.ledger import Charge, Ledger
+
+    rng = np.random.default_rng(3)
+    later = 0
+    with ThreadPoolExecutor(1) as pool:
+        for _ in range(10):
+            n = int(rng.integers(50, 2000))
+            ahead, plain = Ledger(n), Ledger(n)
+            pending = False
+            for r in range(1, 12):
+                for _ in range(int(rng.integers(1, 4))):
+                    m = n if r in (1, 5) else int(rng.integers(0, n // 10 + 1))
+                    charge = Charge(r, 0.0, "x", float(rng.choice([0.5, 0.25, 0.1])),
+                                    np.sort(rng.choice(n, size=m, replace=False)))
+                    ahead.record(charge)
+                    plain.record(charge)
+                    later += pending  # a charge after the job started
+                    pending = rng.random() < 0.5
+                    if pending:
+                        ahead.distribution_ahead(pool.submit)
+                if r == 8:
+                    ahead.restore(ahead.snapshot())  # waits for a job still running; its order is rebuilt
+                assert ahead.close_round(r, float(r)) == plain.close_round(r, float(r))
+                pending = False
+            assert ahead.history == plain.history
+    assert later > 30
+
+
+def test_a_charge_after_the_distribution_started_waits_for_it_and_the_close_counts_the_charge():
+    from protocols.ledger import Charge, Ledger
+
+    ledger = Ledger(100)
+    ledger.record(Charge(1, 0.0, "x", 1.0, np.arange(100)))
+    jobs: list[_Deferred] = []
+    ledger.distribution_ahead(lambda job: jobs.append(_Deferred(ledger, job)) or jobs[-1])
+    assert jobs[0].saw is None  # nothing waited for it yet
+    ledger.record(Charge(1, 0.0, "x", 2.0, np.arange(10)))
+    assert jobs[0].saw is not None and jobs[0].saw.max() == 1.0  # it ran before the spend changed
+    snap = ledger.close_round(1, 1.0)
+    assert snap["max"] == 3.0 and snap["mean"] == 1.2  # computed again: the later charge counts
+    ledger.distribution_ahead(lambda job: jobs.append(_Deferred(ledger, job)) or jobs[-1])
+    assert ledger.close_round(2, 2.0)["max"] == 3.0 and jobs[1].saw is not None  # used at the close
+
+
 def test_the_spend_multiset_gives_way_to_numpy_past_its_limit_and_stays_exact(monkeypatch):
     """With more distinct spend values than the multiset's limit (continuous charge amounts), the ledger drops
     the multiset for the run and its quantiles are numpy's own; before and after, they equal numpy's."""
