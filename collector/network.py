@@ -45,28 +45,31 @@ def _on_time_band(latency, jitter, time_left):
 
 
 @nb.njit(cache=True, nogil=True)
-def _fate_kernel(ids, loss_key, latency_key, loss, latency, jitter, time_left, fate):
-    """fate[i]: 0 lost, 1 on time, 2 late, each report by its keyed loss draw (kept when u >= loss) and keyed
-    exponential delay latency - jitter log(1 - u); returns the largest on-time and late delays (0 when none).
+def _fate_kernel(ids, loss_key, latency_key, loss, latency, jitter, time_left, on, late):
+    """Each report's fate (``ids``: its device, any unsigned dtype) by its keyed loss draw (kept when u >= loss) and keyed exponential delay
+    latency - jitter log(1 - u): the indices of the reports on time written to ``on`` and of those late to
+    ``late``, in batch order; returns their counts and the largest on-time and late delays (0 when none).
     The delay rises with u, so the deadline splits the draws at one point and the largest delay is that of the
     largest draw: one logarithm per batch, not one per report, except for draws within 1e-9 of the split."""
     u_lo, u_hi = _on_time_band(latency, jitter, time_left)
     on_u, late_u = -1.0, -1.0
+    n_on = n_late = 0
     for i in range(ids.shape[0]):
-        if loss > 0.0 and keyed.uniform1(loss_key, ids[i]) < loss:
-            fate[i] = 0
+        device = np.uint64(ids[i])
+        if loss > 0.0 and keyed.uniform1(loss_key, device) < loss:
             continue
-        u = keyed.uniform1(latency_key, ids[i])
-        on = u < u_lo or (u < u_hi and _delay(latency, jitter, u) < time_left)
-        if on:
-            fate[i] = 1
+        u = keyed.uniform1(latency_key, device)
+        if u < u_lo or (u < u_hi and _delay(latency, jitter, u) < time_left):
+            on[n_on] = i
+            n_on += 1
             on_u = max(on_u, u)
         else:
-            fate[i] = 2
+            late[n_late] = i
+            n_late += 1
             late_u = max(late_u, u)
     on_max = _delay(latency, jitter, on_u) if on_u >= 0.0 else 0.0
     late_max = _delay(latency, jitter, late_u) if late_u >= 0.0 else 0.0
-    return on_max, late_max
+    return n_on, n_late, on_max, late_max
 
 
 @dataclass(frozen=True)
@@ -113,14 +116,15 @@ class Network:
         p = self.params
         n = device_ids.shape[0]
         if p.jitter > 0:  # one pass over the batch (the kernel above)
-            fate = np.empty(n, dtype=np.uint8)
-            on_delay, late_delay = _fate_kernel(
-                np.ascontiguousarray(device_ids, dtype=np.uint64),
+            on, late = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+            ids = np.asarray(device_ids)  # wire ids (uint32) as they are: the kernel widens each one
+            n_on, n_late, on_delay, late_delay = _fate_kernel(
+                np.ascontiguousarray(ids if ids.dtype in (np.uint32, np.uint64) else ids.astype(np.uint64)),
                 np.uint64(stream_key(self.seed, Purpose.LOSS, round_)),
                 np.uint64(stream_key(self.seed, Purpose.LATENCY, round_)), float(p.loss), float(p.latency),
-                float(p.jitter), float(time_left), fate)
-            on_idx, late_idx = np.flatnonzero(fate == 1), np.flatnonzero(fate == 2)
-            lost = n - on_idx.size - late_idx.size
+                float(p.jitter), float(time_left), on, late)
+            on_idx, late_idx = on[:n_on], late[:n_late]
+            lost = n - n_on - n_late
             self.traffic.reports_lost += lost
             return Fate(on_idx, float(on_delay), late_idx, float(late_delay), lost)
         keep = np.ones(n, dtype=bool)

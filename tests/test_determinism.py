@@ -99,7 +99,8 @@ def test_churn_is_cohort_invariant_and_absent_devices_are_never_charged(name: st
 def test_network_fates_are_the_keyed_loss_and_exponential_delay_of_each_report():
     """collector.network's one-pass kernel gives exactly the per-report fates of the formula: kept when the keyed
     loss draw u >= loss, delay latency - jitter log(1 - u') from a second keyed draw, on time when before the
-    deadline; and each sub-batch lands with its slowest report."""
+    deadline; and each sub-batch lands with its slowest report. The same for ids as the wire carries them
+    (uint32, which the kernel widens one by one) and as int64."""
     from collector.network import Network, NetworkParams
     from protocols import keyed
     from protocols.keyed import Purpose, stream_key
@@ -115,6 +116,11 @@ def test_network_fates_are_the_keyed_loss_and_exponential_delay_of_each_report()
         assert np.array_equal(fate.on_time, np.flatnonzero(on)) and np.array_equal(fate.late, np.flatnonzero(late))
         assert (fate.on_time_delay, fate.late_delay) == (delay[on].max(), delay[late].max())
         assert fate.lost == np.count_nonzero(~keep) > 0 and late.any()
+        for narrow in (ids.astype(np.uint32), ids.astype(np.int64)):
+            other = net.fate(narrow, r, 4.0)
+            assert np.array_equal(other.on_time, fate.on_time) and np.array_equal(other.late, fate.late)
+            assert (other.on_time_delay, other.late_delay, other.lost) == (fate.on_time_delay, fate.late_delay,
+                                                                           fate.lost)
 
 
 @pytest.mark.parametrize("jitter", [1e-3, 0.5, 50.0])
