@@ -334,6 +334,15 @@ class Ledger:
         return {"min": float(lo), "mean": float(s.mean()), "max": float(hi),
                 **{f"p{round(q * 100)}": float(v) for q, v in zip(QUANTILES, qs)}}
 
+    def spend_counts(self) -> tuple[np.ndarray, np.ndarray]:
+        """The distinct values of the spend, sorted, and how many devices hold each: the sorted multiset that
+        :meth:`close_round` keeps, when it is up to date (no charge since the last close), else np.unique."""
+        self._settle()
+        order = self._order
+        if order.values is not None and order.fresh:
+            return order.values.copy(), order.counts.copy()
+        return np.unique(self.spend, return_counts=True)
+
     def summary(self) -> dict[str, float]:
         """Per-device cumulative spend at the end: max, mean, p50, p99."""
         s = self.spend

@@ -169,7 +169,12 @@ def draw_spend(result: RunResult, path: Path, painter: PlotProcess | None = None
         how = method if exact or method.startswith("upper bound") else f"upper bound: {method}"
         note = textwrap.fill(f"Not on this plot (a different kind of number): the worst-case loss of a device's whole "
                              f"transcript against any other device's is {shown} ({how}).", 160)
-    args = (result.ledger.history, result.ledger.spend, f"per-device spend: {sc.protocol.name}", label,
+    # the final spend as its distinct values (to 9 digits: sums of the same charges in another order are one
+    # value) and their counts: a few numbers to draw, not one per device to send to the plot process
+    values, counts = result.ledger.spend_counts()
+    values, where = np.unique(np.round(values, 9), return_inverse=True)
+    final = (values, np.bincount(where, weights=counts, minlength=values.size).astype(np.int64))
+    args = (result.ledger.history, final, f"per-device spend: {sc.protocol.name}", label,
             (g.value, f"guarantee {g.value:.3g}" + (" (within pattern)" if note else "")), note)
     if painter is not None:
         painter.draw("spend_plot", path, *args)
@@ -346,10 +351,11 @@ def _ledger_here(result: RunResult) -> bool:
 
 
 def write_tables(result: RunResult, out: Path, ledger_rows: bool = True, transcript: str = "auto",
-                 seconds: dict[str, float] | None = None) -> dict:
+                 seconds: dict[str, float] | None = None, separate_ledger: bool = False) -> dict:
     """spend.parquet (+ spend.csv), ledger.parquet (+ ledger.csv) and transcript.parquet, each atomically; returns
     summary.json's ``files``: for each, written (with rows and bytes) or why not. The seconds each file took go
-    into ``seconds``."""
+    into ``seconds``. ``separate_ledger``: the ledger's tables in a thread of their own meanwhile (waited for,
+    its error raised, before this returns)."""
     if transcript not in TRANSCRIPT_POLICIES:
         raise ValueError(f"transcript must be one of {TRANSCRIPT_POLICIES}, got {transcript!r}")
     sc, led, files = result.scenario, result.ledger, {}
@@ -360,42 +366,56 @@ def write_tables(result: RunResult, out: Path, ledger_rows: bool = True, transcr
             files[name] = _skipped(out, name, "the ledger is kept by the device shards (ldpsim devices --out)")
         ledger_rows = False
     csv_why = f"more than {CSV_DEVICE_LIMIT:,} devices: see the .parquet table"
-    ids = np.arange(sc.devices)
-    group_index, names = result.world.group_of(ids), [g.name for g in sc.groups]
-    if _ledger_here(result):
-        # the per-report guarantee of every report a device sends (at least the protocol's; larger where a
-        # non-cumulative per-report charge recorded more)
-        round_eps = np.maximum(led.round_epsilon, float(sc.protocol.round_epsilon))
-        _timed(seconds, tables.SPEND, tables.write_spend, out / tables.SPEND, group_index, names, led.spend,
-               round_eps)
-        files[tables.SPEND] = {"written": True, "rows": int(sc.devices),
-                               "bytes": (out / tables.SPEND).stat().st_size}
-        if small:
-            _timed(seconds, "spend.csv", write_csv, out / "spend.csv", ["device", "group", "spend", "round_epsilon"],
-                   [ids, np.array(names)[group_index], led.spend, round_eps])
-            files["spend.csv"] = {"written": True, "rows": int(sc.devices)}
-        else:
-            files["spend.csv"] = _skipped(out, "spend.csv", csv_why)
-    if ledger_rows:
+
+    def ledger_files() -> dict:
         n = _timed(seconds, tables.LEDGER, tables.write_ledger, out / tables.LEDGER, led.rows())
-        files[tables.LEDGER] = {"written": True, "rows": n, "bytes": (out / tables.LEDGER).stat().st_size}
-        files["ledger.csv"] = ({"written": True,
-                                "rows": _timed(seconds, "ledger.csv", write_ledger_csv, out / "ledger.csv", led.rows())}
-                               if small else _skipped(out, "ledger.csv", csv_why))
-    elif _ledger_here(result):
-        for name in (tables.LEDGER, "ledger.csv"):
-            files[name] = _skipped(out, name, "--no-ledger-rows")
-    size = sc.devices * sc.rounds
-    collector = getattr(result.collector, "protocol", None)
-    if not hasattr(collector, "stages"):
-        files[tables.TRANSCRIPT] = _skipped(out, tables.TRANSCRIPT, "the collector keeps no report stages")
-    elif transcript == "never" or (transcript == "auto" and size > TRANSCRIPT_AUTO_LIMIT):
-        why = ("--transcript never" if transcript == "never" else
-               f"devices x rounds = {size:,} > {TRANSCRIPT_AUTO_LIMIT:,} (--transcript auto; use always)")
-        files[tables.TRANSCRIPT] = _skipped(out, tables.TRANSCRIPT, why)
-    else:
-        files[tables.TRANSCRIPT] = {"written": True, **_timed(seconds, tables.TRANSCRIPT, tables.write_transcript,
-                                                              out / tables.TRANSCRIPT, collector, sc.protocol.name)}
+        return {tables.LEDGER: {"written": True, "rows": n, "bytes": (out / tables.LEDGER).stat().st_size},
+                "ledger.csv": ({"written": True, "rows": _timed(seconds, "ledger.csv", write_ledger_csv,
+                                                                out / "ledger.csv", led.rows())}
+                               if small else _skipped(out, "ledger.csv", csv_why))}
+
+    # the largest table started first, in a thread of its own beside the others (Parquet encoding releases the GIL)
+    ledger_job = _Background(ledger_files, "ldpsim-ledger-table") if ledger_rows and separate_ledger else None
+    try:
+        ids = np.arange(sc.devices)
+        group_index, names = result.world.group_of(ids), [g.name for g in sc.groups]
+        if _ledger_here(result):
+            # the per-report guarantee of every report a device sends (at least the protocol's; larger where a
+            # non-cumulative per-report charge recorded more)
+            round_eps = np.maximum(led.round_epsilon, float(sc.protocol.round_epsilon))
+            _timed(seconds, tables.SPEND, tables.write_spend, out / tables.SPEND, group_index, names, led.spend,
+                   round_eps)
+            files[tables.SPEND] = {"written": True, "rows": int(sc.devices),
+                                   "bytes": (out / tables.SPEND).stat().st_size}
+            if small:
+                _timed(seconds, "spend.csv", write_csv, out / "spend.csv",
+                       ["device", "group", "spend", "round_epsilon"],
+                       [ids, np.array(names)[group_index], led.spend, round_eps])
+                files["spend.csv"] = {"written": True, "rows": int(sc.devices)}
+            else:
+                files["spend.csv"] = _skipped(out, "spend.csv", csv_why)
+        if ledger_rows and ledger_job is None:
+            files.update(ledger_files())
+        elif _ledger_here(result) and not ledger_rows:
+            for name in (tables.LEDGER, "ledger.csv"):
+                files[name] = _skipped(out, name, "--no-ledger-rows")
+        size = sc.devices * sc.rounds
+        collector = getattr(result.collector, "protocol", None)
+        if not hasattr(collector, "stages"):
+            files[tables.TRANSCRIPT] = _skipped(out, tables.TRANSCRIPT, "the collector keeps no report stages")
+        elif transcript == "never" or (transcript == "auto" and size > TRANSCRIPT_AUTO_LIMIT):
+            why = ("--transcript never" if transcript == "never" else
+                   f"devices x rounds = {size:,} > {TRANSCRIPT_AUTO_LIMIT:,} (--transcript auto; use always)")
+            files[tables.TRANSCRIPT] = _skipped(out, tables.TRANSCRIPT, why)
+        else:
+            files[tables.TRANSCRIPT] = {"written": True, **_timed(seconds, tables.TRANSCRIPT, tables.write_transcript,
+                                                                  out / tables.TRANSCRIPT, collector, sc.protocol.name)}
+    except BaseException:
+        if ledger_job is not None:
+            ledger_job.wait()  # not left writing behind the error
+        raise
+    if ledger_job is not None:
+        files.update(ledger_job.result())
     return files
 
 
@@ -453,7 +473,8 @@ def write_run_dir(result: RunResult, out: Path, ledger_rows: bool = True, transc
     seconds: dict[str, float] = {}
     computed: dict[str, float] = {}  # seconds of what is computed rather than written
 
-    background = _Background(lambda: write_tables(result, out, ledger_rows, transcript, table_seconds),
+    background = _Background(lambda: write_tables(result, out, ledger_rows, transcript, table_seconds,
+                                                  separate_ledger=True),
                              "ldpsim-run-dir-tables")
     try:
         _write_estimates(result, out, seconds, painter)

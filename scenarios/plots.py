@@ -77,12 +77,13 @@ def estimates_plot(path: Path, rounds: np.ndarray, truth: np.ndarray, estimate: 
     save(fig, path)
 
 
-def spend_plot(path: Path, history: list[dict[str, float]], final: np.ndarray, title: str,
+def spend_plot(path: Path, history: list[dict[str, float]], final: tuple[np.ndarray, np.ndarray], title: str,
                label: str = "cumulative ε per device", guarantee: tuple[float, str] | None = None,
                note: str = "") -> None:
-    """Spend over time and at the end. ``label`` names the kind of number the ledger holds (e.g. within-
-    pattern spend for memoized protocols); ``guarantee`` (value, label) is drawn as a line; ``note`` is
-    printed under the plot (e.g. the worst-case loss, a different kind of number, stated apart)."""
+    """Spend over time and at the end. ``final``: the distinct final spend values (sorted) and how many devices
+    hold each. ``label`` names the kind of number the ledger holds (e.g. within-pattern spend for memoized
+    protocols); ``guarantee`` (value, label) is drawn as a line; ``note`` is printed under the plot (e.g. the
+    worst-case loss, a different kind of number, stated apart)."""
     lines = note.count("\n") + 1 if note else 0
     fig, (left, right) = subplots(1, 2, figsize=(11, 4.2 + 0.25 * lines), width_ratios=(1.6, 1))
     r = np.array([h["round"] for h in history])
@@ -98,12 +99,13 @@ def spend_plot(path: Path, history: list[dict[str, float]], final: np.ndarray, t
     left.set_ylabel(label)
     left.set_title(title)
     left.legend(loc="upper left", fontsize=8)
-    values, counts = np.unique(np.round(final, 9), return_counts=True)
+    values, counts = (np.asarray(a) for a in final)
+    shares = counts / max(int(counts.sum()), 1)
     if values.size <= 40:
-        right.bar([f"{v:g}" for v in values], counts / max(final.size, 1), color="tab:purple")
+        right.bar([f"{v:g}" for v in values], shares, color="tab:purple")
         right.tick_params(axis="x", labelrotation=45 if values.size > 8 else 0)
-    else:
-        right.hist(final, bins=40, weights=np.full(final.size, 1 / max(final.size, 1)), color="tab:purple")
+    else:  # the histogram of the devices' spend: each distinct value weighted by its devices
+        right.hist(values, bins=40, weights=shares, color="tab:purple")
     right.set_xlabel(f"final: {label}")
     right.set_ylabel("share of devices")
     right.set_title("spend at the end")

@@ -330,3 +330,23 @@ def test_a_per_report_guarantee_charged_again_to_the_same_devices_keeps_every_de
     fresh = Ledger(10)
     fresh.record(g(0.7, np.arange(0, 10)))
     assert ledger.round_epsilon.tolist() == [0.7] * 10 and ledger.digest() == fresh.digest()
+
+
+def test_spend_counts_are_the_distinct_spend_values_and_their_devices():
+    """Ledger.spend_counts (what spend.png draws): np.unique of the spend, from the kept order right after a
+    close, and from the spend itself when charges came after the close or after a restore."""
+    from protocols.ledger import Charge, Ledger
+
+    rng = np.random.default_rng(11)
+    ledger = Ledger(500)
+    for r in range(1, 8):
+        ledger.record(Charge(r, 0.0, "x", float(rng.choice([0.5, 0.25])),
+                             np.sort(rng.choice(500, size=40 if r > 1 else 500, replace=False))))
+        ledger.close_round(r, 0.0)
+        assert ledger._order.values is not None or r == 1
+        got, want = ledger.spend_counts(), np.unique(ledger.spend, return_counts=True)
+        assert all(np.array_equal(a, b) for a, b in zip(got, want))
+    ledger.record(Charge(9, 0.0, "x", 0.1, np.arange(7)))
+    assert all(np.array_equal(a, b) for a, b in zip(ledger.spend_counts(), np.unique(ledger.spend, return_counts=True)))
+    ledger.restore(ledger.snapshot())
+    assert all(np.array_equal(a, b) for a, b in zip(ledger.spend_counts(), np.unique(ledger.spend, return_counts=True)))

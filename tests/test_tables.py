@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 import pytest
 
 from protocols import collecting
+from protocols.ledger import Charge
 from scenarios import output, runner, schema, tables
 from scenarios.cli import main
 
@@ -398,10 +399,11 @@ def test_write_seconds_in_the_summary(tmp_path):
     assert ws["total"] >= max(ws["files"].values())
 
 
-@pytest.mark.parametrize("where", ["background", "foreground"])
+@pytest.mark.parametrize("where", ["background", "spend table", "foreground"])
 def test_a_failing_write_reaches_the_caller_and_leaves_no_summary(where, monkeypatch, tmp_path):
-    """A table written in the background thread that fails raises in write_run_dir; a plot that fails waits
-    for the background thread first. Either way no summary.json and no temporary file is left."""
+    """A table written in the background threads that fails raises in write_run_dir (the ledger's in a thread of
+    its own, or the spend table beside it, which then waits for the ledger's); a plot that fails waits for the
+    background threads first. Either way no summary.json and no temporary file is left."""
     result = _tiny_result()
 
     class NoPlots:  # the plots are not what is tested here: empty files, at once
@@ -412,11 +414,34 @@ def test_a_failing_write_reaches_the_caller_and_leaves_no_summary(where, monkeyp
         raise OSError("disk full")
 
     monkeypatch.setattr(output, "_plots", NoPlots)
-    monkeypatch.setattr(*((tables, "write_ledger", broken) if where == "background" else
-                          (output, "draw_spend", broken)))
+    monkeypatch.setattr(*{"background": (tables, "write_ledger", broken),
+                          "spend table": (tables, "write_spend", broken),
+                          "foreground": (output, "draw_spend", broken)}[where])
     with pytest.raises(OSError, match="disk full"):
         output.write_run_dir(result, tmp_path / "a")
     names = [p.name for p in (tmp_path / "a").iterdir()]
     assert "summary.json" not in names and not [n for n in names if ".tmp-" in n], names
     if where == "foreground":  # the background thread finished its tables before the error went up
         assert {"spend.parquet", "ledger.parquet"} <= set(names)
+    if where == "spend table":  # the ledger's thread finished its table before the error went up
+        assert "ledger.parquet" in names and "spend.parquet" not in names
+
+
+def test_the_spend_picture_gets_the_final_spend_as_distinct_values_and_device_counts(monkeypatch, tmp_path):
+    """draw_spend hands the plot the devices' final spend as (distinct values to 9 digits, devices holding
+    each), which is np.unique of the rounded spend, whether the ledger's kept order is up to date or not."""
+    result = _tiny_result()
+    seen: list = []
+
+    class Capture:
+        def __getattr__(self, _name):
+            return lambda path, *args: seen.append(args)
+
+    monkeypatch.setattr(output, "_plots", Capture)
+    want = np.unique(np.round(result.ledger.spend, 9), return_counts=True)
+    output.draw_spend(result, tmp_path / "spend.png")
+    result.ledger.record(Charge(99, 0.0, "x", 1 / 3, np.arange(3)))  # the kept order is now out of date
+    after = np.unique(np.round(result.ledger.spend, 9), return_counts=True)
+    output.draw_spend(result, tmp_path / "spend.png")
+    for (_history, (values, counts), *_rest), (v, c) in zip(seen, (want, after)):
+        assert np.array_equal(values, v) and np.array_equal(counts, c) and counts.sum() == result.scenario.devices
