@@ -381,3 +381,19 @@ def test_a_batch_handed_in_without_the_wire_is_checked_whole_before_any_of_it_is
         with pytest.raises(ProtocolError, match=reason):
             col.receive(batch(bad))
     assert col.close_round().reports == 3  # nothing of the refused batches was taken
+
+
+@pytest.mark.parametrize("width", [1, 3])
+def test_reports_of_scattered_devices_land_in_their_devices_rows(width):
+    """The collector stores a batch of non-contiguous devices row by row (collecting._scatter, a special
+    case for one value per device): every listed row holds its report, every other row is untouched."""
+    from protocols.collecting import _scatter
+
+    rng = np.random.default_rng(width)
+    data = rng.integers(0, 200, (5000, width)).astype(np.uint8)
+    ids = np.flatnonzero(rng.random(5000) < 0.3).astype(np.uint32)
+    col = rng.integers(0, 200, (ids.size, width)).astype(np.uint8)
+    want = data.copy()
+    want[ids] = col
+    _scatter(data, ids, col)
+    assert np.array_equal(data, want)
