@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT.parent))
 
 from scenarios import output, runner, schema  # noqa: E402
 
-from yardstick import numpy_uniforms_per_second  # benchmarks/yardstick.py
+from yardstick import append_result, numpy_uniforms_per_second  # benchmarks/yardstick.py
 
 
 def main() -> None:
@@ -84,8 +84,7 @@ def main() -> None:
     print(f"| {args.devices:,} x {args.rounds} | cohort {args.cohort_size:,} | {sim:.1f} s | "
           f"{record['device_rounds_per_second'] / 1e6:.1f} M/s | {peak_mb:,.0f} MB | {uni / 1e6:.0f} M/s |")
     if not args.no_record:
-        with open(ROOT / "results.jsonl", "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
+        append_result(record)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent))
 
 from scenarios import audit, output, runner, schema  # noqa: E402
+from yardstick import append_result  # noqa: E402  (benchmarks/yardstick.py)
 
 CASES = {
     "1bitrrpm": ("app_usage_31d", "population.devices", 100_000),
@@ -81,8 +82,7 @@ def main() -> None:
               f"{record['audit_seconds']:.1f} s | {record['devices_per_second']:,} devices/s | "
               f"{record['device_rounds_per_second']:,} device-rounds/s | {record['verdict']} |")
         if not args.no_record:
-            with open(ROOT / "results.jsonl", "a", encoding="utf-8") as f:
-                f.write(json.dumps(record) + "\n")
+            append_result(record)
 
 
 if __name__ == "__main__":

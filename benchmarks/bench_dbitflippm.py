@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT.parent))
 
 from protocols.dbitflip import DBitFlipDevices, bucket_of, estimate_histogram  # noqa: E402
 from scenarios import output, runner, schema  # noqa: E402
+from yardstick import append_result  # noqa: E402  (benchmarks/yardstick.py)
 
 TARGET_RATIO = 50.0
 
@@ -179,8 +180,7 @@ def main() -> None:
           f"{ours_dr / 1e6:.1f} M/s | {sim_peak:,.0f} MB | {peer['device_rounds_per_second'] / 1e3:.0f} k/s "
           f"({n_peer:,}) | {ratio:.0f}x |")
     if not args.no_record:
-        with open(ROOT / "results.jsonl", "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
+        append_result(record)
 
 
 if __name__ == "__main__":

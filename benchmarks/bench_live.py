@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent))
 
 from scenarios import schema  # noqa: E402
+from yardstick import append_result  # noqa: E402  (benchmarks/yardstick.py)
 
 HOST = "127.0.0.1"
 SETTINGS = dict(stage_timeout=60.0, read_timeout=30.0, startup_timeout=120.0)
@@ -397,8 +398,7 @@ def main() -> None:
     if not record["ok"]:
         print(f"bench_live: FAILED: {record['failure']}", file=sys.stderr)
     if not args.no_record and record["ok"]:
-        with open(ROOT / "results.jsonl", "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
+        append_result(record)
     sys.exit(0 if record["ok"] else 1)
 
 

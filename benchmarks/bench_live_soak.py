@@ -46,6 +46,7 @@ sys.path.insert(0, str(ROOT.parent))
 sys.path.insert(0, str(ROOT))
 
 from scenarios import schema  # noqa: E402
+from yardstick import append_result  # noqa: E402  (benchmarks/yardstick.py)
 
 HOST = "127.0.0.1"
 
@@ -500,8 +501,7 @@ def main() -> None:
           f"{base.get('peak_open_fds')} / {att.get('peak_open_fds')}; dropped under attack {att.get('dropped')}; "
           f"ok={record['ok']}", file=sys.stderr)
     if not args.no_record:
-        with open(ROOT / "results.jsonl", "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
+        append_result(record)
     sys.exit(0 if ok else 1)
 
 

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 
-from yardstick import numpy_uniforms_per_second  # benchmarks/yardstick.py
+from yardstick import append_result, numpy_uniforms_per_second  # benchmarks/yardstick.py
 
 ROOT = Path(__file__).resolve().parent
 
@@ -130,8 +130,7 @@ def main() -> None:
               "digests_equal": all(r["digests_equal"] for r in rows)}
     print(json.dumps(record))
     if not args.no_record:
-        with open(ROOT / "results.jsonl", "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
+        append_result(record)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ sys.path.insert(0, str(ROOT.parent))
 
 from scenarios import privacy_audit as pa  # noqa: E402
 from scenarios.schema import PROTOCOLS  # noqa: E402
+from yardstick import append_result  # noqa: E402  (benchmarks/yardstick.py)
 
 
 def main() -> int:
@@ -72,8 +73,7 @@ def main() -> int:
         "exceeds_claim": [f"{r.protocol}/{r.game}" for r in rows if r.exceeds], "protocols": per_protocol,
     }
     if not args.no_record:
-        with (ROOT / "results.jsonl").open("a") as fh:
-            fh.write(json.dumps(record) + "\n")
+        append_result(record)
     return 1 if record["exceeds_claim"] else 0
 
 

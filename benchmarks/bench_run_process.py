@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 
 
-from yardstick import numpy_uniforms_per_second  # benchmarks/yardstick.py
+from yardstick import append_result, numpy_uniforms_per_second  # benchmarks/yardstick.py
 
 ROOT = Path(__file__).resolve().parent
 REPO = ROOT.parent
@@ -206,8 +206,7 @@ def main() -> None:
     for name, s in best["computed_seconds"].items():
         print(f"  ({name}: {s:.3f} s)")
     if not args.no_record:
-        with open(ROOT / "results.jsonl", "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
+        append_result(record)
 
 
 if __name__ == "__main__":

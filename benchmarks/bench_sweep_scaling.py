@@ -38,6 +38,7 @@ from scenarios import sweep_worker  # noqa: E402  (imports nothing heavy)
 os.environ.update(sweep_worker.THREAD_ENV)
 
 from scenarios import sweep  # noqa: E402
+from yardstick import append_result  # noqa: E402  (benchmarks/yardstick.py)
 
 
 SPIN = "s = 0\nfor i in range(15_000_000):\n    s += i\n"
@@ -156,8 +157,7 @@ def main() -> None:
     if not same:
         raise SystemExit("digests differ between the ways of running the sweep")
     if not args.no_record:
-        with open(ROOT / "results.jsonl", "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
+        append_result(record)
 
 
 if __name__ == "__main__":

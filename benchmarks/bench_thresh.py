@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent))
 
 from scenarios import output, runner, schema  # noqa: E402
+from yardstick import append_result  # noqa: E402  (benchmarks/yardstick.py)
 
 
 def main() -> None:
@@ -60,8 +61,7 @@ def main() -> None:
     print(f"| {args.devices:,} x {args.epochs} epochs x {args.epoch_length} rounds | {result.wall_seconds:.1f} s | "
           f"{record['device_rounds_per_second'] / 1e6:.0f} M/s | {peak:,.0f} MB | {summ['updates']} updates |")
     if not args.no_record:
-        with open(ROOT / "results.jsonl", "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
+        append_result(record)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT.parent))
 
 from protocols import keyed, numeric  # noqa: E402
 from scenarios import output, runner, schema  # noqa: E402
+from yardstick import append_result  # noqa: E402  (benchmarks/yardstick.py)
 
 
 def main() -> None:
@@ -74,8 +75,7 @@ def main() -> None:
           f"{record['device_rounds_per_second'] / 1e6:.1f} M/s | {peak:,.0f} MB | EM {em['em_sw_w']['seconds']} s "
           f"({em['em_sw_w']['iterations']} it), EMS {em['ems']['seconds']} s |")
     if not args.no_record:
-        with open(ROOT / "results.jsonl", "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
+        append_result(record)
 
 
 if __name__ == "__main__":

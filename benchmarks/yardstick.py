@@ -4,9 +4,13 @@ from noisy or different machines can be compared."""
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 
 import numpy as np
+
+RESULTS = Path(__file__).resolve().parent / "results.jsonl"
 
 
 def numpy_uniforms_per_second(draws: int = 50_000_000, chunk: int = 10_000_000, repeat: int = 3) -> float:
@@ -21,3 +25,10 @@ def numpy_uniforms_per_second(draws: int = 50_000_000, chunk: int = 10_000_000, 
             rng.random(out=out)
         best = min(best, time.perf_counter() - t)
     return max(draws // chunk, 1) * chunk / best
+
+
+def append_result(entry: dict) -> None:
+    """Append one benchmark's record to benchmarks/results.jsonl as one JSON line (the file every benchmark here
+    records to, read by the README's tables)."""
+    with open(RESULTS, "a", encoding="utf-8") as f:
+        f.write(json.dumps(entry) + "\n")
