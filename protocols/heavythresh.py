@@ -59,10 +59,8 @@ from protocols.dbitflip import bucket_of, histogram
 from protocols.guard import Guard, Limits
 from protocols.keyed import Purpose, stream_key
 from protocols.ledger import Charge
-from protocols.messages import Decision, ReportBatch
-from protocols.round_mechanism import NoRoundMechanism
-from protocols.staged import StageGraph, StagedCollector
-from protocols.thresh import VotingCaps, VotingDevices, _vote_kernel
+from protocols.messages import ReportBatch
+from protocols.thresh import VotingCaps, VotingCollector, VotingDevices, _vote_kernel
 from protocols.wire import bits as wire_bits
 
 HEAVYTHRESH = "heavythresh"
@@ -191,6 +189,8 @@ class HeavyThreshParams(VotingCaps):
 
     kind = "histogram"  # one frequency per item, published once per epoch
     label = "HeavyTHRESH"
+    tau_too_high = ("no item's frequency can move that far, so no device would ever vote after the first "
+                    "update")
 
     #: an example [protocol] table per name this class runs (ldpsim privacy-audit NAME, the conformance tests)
     examples = {"heavythresh": {"epsilon": 4.0, "delta": 0.1, "epoch_length": 2, "buckets": 4, "max_value": 1.0,
@@ -205,18 +205,9 @@ class HeavyThreshParams(VotingCaps):
     def run_summary(self, rounds: list, spend_by_reason: dict[str, np.ndarray], devices: int) -> dict:
         """HeavyTHRESH's part of summary.json: updates, caps and constants (as THRESH's)."""
         zeros = np.zeros(devices)
-        reserve = spend_by_reason.get(HEAVY_VOTE_RESERVE, zeros)
-        ce = spend_by_reason.get(HEAVY_ESTIMATE, zeros)
-        full = self.estimate_noise * self.estimate_cap_count
         return {
-            "updates": int(sum(bool(r.info.get("global_update")) for r in rounds)),
-            "update_epochs": [r.round for r in rounds if r.info.get("global_update")],
-            "caps": {"cap": self.cap, "vote_cap_count": self.vote_cap_count,
-                     "estimate_cap_count": self.estimate_cap_count,
-                     "vote_reserve_booked": float(np.mean(reserve > 0)) if reserve.size else 0.0,
-                     "estimate_cap_reached": float(np.mean(ce >= full - 1e-9)) if ce.size else 0.0,
-                     "vote_reserve_max": float(reserve.max(initial=0.0)),
-                     "estimate_spend_max": float(ce.max(initial=0.0))},
+            **self.updates_and_caps(rounds, spend_by_reason.get(HEAVY_VOTE_RESERVE, zeros),
+                                    spend_by_reason.get(HEAVY_ESTIMATE, zeros)),
             "heavythresh": {"a": self.vote_noise, "b": self.estimate_noise, "items": self.buckets,
                             "taus": self.taus.tolist(), "vote_threshold": self.vote_threshold,
                             "guarantee": float(self.total_epsilon),
@@ -228,33 +219,13 @@ class HeavyThreshParams(VotingCaps):
         """[protocol] keys: epsilon, delta, epoch_length, buckets (D), max_value, a, b, tau_scale, cap_rule,
         allow_infeasible. Infeasible derived constants are an error naming them, unless a, b or tau_scale are
         given explicitly (or allow_infeasible = true): then the problems become warnings."""
-        epsilon = config.epsilon(table)
-        rounds = ctx.rounds
-        length = table.get("epoch_length", int, check=lambda v: 1 <= v <= rounds and rounds % v == 0,
-                           what=f"a divisor of rounds ({rounds})")
         buckets, max_value = items_table(table)
-        overrides = {k: table.get(k, float, None, check=config.positive, what="> 0") for k in ("a", "b")}
-        tau_scale = table.get("tau_scale", float, None, check=config.positive, what="> 0")
-        params = cls(
-            name, epsilon, table.get("delta", float, 0.1, check=lambda v: 0 < v < 1, what="a number in (0, 1)"),
-            length, rounds // length, ctx.devices, buckets, max_value, ctx.groups, ctx.smallest_group,
-            overrides["a"], overrides["b"], 1.0 if tau_scale is None else tau_scale,
-            table.get("cap_rule", str, "paper", check=lambda v: v in ("paper", "strict"), what='"paper" or "strict"'),
-            "always_update" if ctx.behavior == "always_update" else "honest")
-        explicit = tau_scale is not None or any(v is not None for v in overrides.values())
-        return params.feasible(table, explicit)
+        return cls.from_voting_table(name, table, ctx, buckets=buckets, max_value=max_value)
 
     def __post_init__(self) -> None:
         check_params(self.epsilon, self.max_value)
         check_items(self.buckets)
-        if not 0 < self.delta < 1:
-            raise ValueError(f"protocol.delta must be in (0, 1), got {self.delta}")
-        if self.epoch_length < 1 or self.epochs < 1:
-            raise ValueError("protocol.epoch_length and the number of epochs must be >= 1")
-        if self.cap_rule not in ("paper", "strict"):
-            raise ValueError(f"protocol.cap_rule must be 'paper' or 'strict', got {self.cap_rule!r}")
-        if self.behavior not in ("honest", "always_update"):
-            raise ValueError(f"collector.behavior must be 'honest' or 'always_update', got {self.behavior!r}")
+        self.check_caps()
         smallest = self.smallest_group or self.devices
         object.__setattr__(self, "derived", derived_constants(self.devices, self.groups, smallest, self.epochs,
                                                               self.epoch_length, self.buckets, self.delta))
@@ -275,33 +246,6 @@ class HeavyThreshParams(VotingCaps):
         return (f"2a(K_V - 1) + b K_E = 2 x {a:.6g} x {kv - self._forced} + {b:.6g} x {ke} = {total:.6g} ({why}; "
                 f"D-ary randomized response at b on an item drawn from the epoch histogram; "
                 f"K_V = {rule}(eps/4a) = {kv}, K_E = {rule}(eps/4b) = {ke})")
-
-    def round_mechanism(self, round_: int = 1) -> NoRoundMechanism:
-        """As THRESH's: which epochs carry data depends on the caps and the collector's decisions, so the
-        transcript is accounted as a whole (total_epsilon), not as a fixed per-epoch mechanism composed T times."""
-        return NoRoundMechanism("whole-transcript accounting: which epochs carry data depends on the caps and the "
-                                "collector's decisions, so there is no fixed per-epoch mechanism to compose "
-                                "(the exact bound is privacy.guarantee)")
-
-    def problems(self) -> list[str]:
-        """Why the derived parameters cannot work as intended (empty: feasible)."""
-        out = []
-        n, lm = self.devices, math.log(12 * self.groups * self.epochs / self.delta)
-        need = (3 / math.sqrt(2) + math.sqrt(32) / self.epsilon) * math.sqrt(n * lm)
-        smallest = self.smallest_group or n
-        if smallest <= need:
-            out.append(f"Assumption 4.2 fails: the smallest group has {smallest:,} devices, it needs more than "
-                       f"(3/sqrt 2 + sqrt 32/eps) sqrt(n ln(12 M T/delta)) = {need:,.0f}")
-        a, b = self.vote_noise, self.estimate_noise
-        if not math.isfinite(a) or a >= self.cap:
-            out.append(f"vote noise a = {a:.4g} is not below the cap eps/4 = {self.cap:.4g}: at most one vote")
-        if not math.isfinite(b) or b >= self.cap:
-            out.append(f"estimate noise b = {b:.4g} is not below the cap eps/4 = {self.cap:.4g}")
-        if self.taus[1] >= 1:
-            out.append(f"the lowest threshold tau_0 = {self.taus[1]:.3g} is >= 1: no item's frequency can move "
-                       f"that far, so no device would ever vote after the first update (set protocol.tau_scale "
-                       f"below {1 / self.taus[1]:.3g})")
-        return out
 
     def make_devices(self, seed: int, device_ids: np.ndarray, limits: Limits | None = None) -> "HeavyThreshDevices":
         return HeavyThreshDevices(self, seed, device_ids, limits)
@@ -496,56 +440,19 @@ class HeavyThreshDevices(EpochHistograms, VotingDevices):
 
 
 # ------------------------------------------------------------------------------------------- collector side
-def _mean(bits: np.ndarray) -> float:
-    return float(bits.mean()) if bits.size else math.nan
-
-
-class HeavyThreshCollector(StagedCollector):
-    """Collector side: vote stage, decision, estimate stage (``idle -> vote -> estimate -> idle``, as THRESH's);
-    the item frequencies are carried forward without an update."""
-
-    GRAPH = StageGraph.chain("vote", "estimate")
+class HeavyThreshCollector(VotingCollector):
+    """Collector side (THRESH's stages and update test): the estimate is the items' frequencies, carried
+    forward without an update."""
 
     def __init__(self, params: HeavyThreshParams, n_devices: int) -> None:
-        super().__init__(params.name, n_devices, {"vote": (Column("vote", np.uint8, high=1),),
-                                                  "estimate": (item_column(params.buckets),)})
-        self.params = params
-        self.votes, self.estimates = self.stage("vote"), self.stage("estimate")
-        self.estimate = np.full(params.buckets, np.nan)  # no estimate before the first global update
-        self._vote_mean = math.nan
-        self._update = False
-        self._vote_reports = 0
+        super().__init__(params, n_devices, item_column(params.buckets), np.full(params.buckets, np.nan))
+        self.params: HeavyThreshParams = params
 
-    @property
-    def epoch(self) -> int:
-        return self.round
+    def _kept_estimate(self) -> np.ndarray:
+        return self.estimate.copy()
 
-    def extra_snapshot(self) -> dict:
-        """The epoch, the carried-forward frequencies and the last epoch's decision figures."""
-        return {"epoch": self.round, "estimate": self.estimate.copy(), "vote_mean": float(self._vote_mean),
-                "update": bool(self._update), "vote_reports": int(self._vote_reports)}
-
-    def extra_restore(self, state: dict) -> None:
-        self.round = snap.field(state, "epoch", int)
-        self.estimate = snap.array(state, "estimate", np.float64, (self.params.buckets,)).copy()
-        self._vote_mean = snap.field(state, "vote_mean", float)
-        self._update = snap.field(state, "update", bool)
-        self._vote_reports = snap.field(state, "vote_reports", int)
-
-    def boundary_message(self, stage: str, deadline: float) -> Decision:
-        return Decision(round=self.round, protocol=self.name, update=self._update, deadline=deadline)
-
-    def on_stage_closed(self, stage: str, result: RoundResult, deadline: float) -> tuple[str, Decision]:
-        """The votes closed: decide whether to update (THRESH's test), and ask for estimates."""
-        assert isinstance(result.estimate, dict)  # a Stage's reports by column
-        self._vote_mean, self._vote_reports = _mean(result.estimate["vote"]), result.reports
-        honest = result.reports > 0 and self._vote_mean > self._threshold(result.reports)
-        self._update = honest or self.params.behavior == "always_update"
-        return "estimate", self.boundary_message("estimate", deadline)
-
-    def _threshold(self, reports: int) -> float:
-        a = self.params.vote_noise
-        return 1 / (math.exp(a) + 1) + math.sqrt(math.log(10 * self.params.epochs / self.params.delta) / (2 * reports))
+    def _restored_estimate(self, state: dict) -> np.ndarray:
+        return snap.array(state, "estimate", np.float64, (self.params.buckets,)).copy()
 
     def finish(self, stage: str, result: RoundResult) -> RoundResult:
         """The estimates closed: debias them if the epoch updated, else carry the frequencies forward."""

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar, Self, overload
+from typing import TYPE_CHECKING, Any, ClassVar, Self, overload
 
 import numba as nb
 import numpy as np
@@ -98,14 +98,19 @@ class VotingCaps:
     K_E, and the whole-transcript guarantee 2a (K_V - f) + b K_E, f = 1 when a device's first vote is a
     forced yes (its ``_forced``). A frozen dataclass with the fields below inherits it."""
 
+    name: str
     epsilon: float
     delta: float
+    epoch_length: int
     epochs: int
     devices: int
+    groups: int
+    smallest_group: int | None
     a: float | None
     b: float | None
     tau_scale: float
     cap_rule: str
+    behavior: str
     derived: dict
     warnings: list
     label: ClassVar[str]  # the protocol's name in messages
@@ -120,9 +125,90 @@ class VotingCaps:
         """The guarantee's formula with the run's numbers, in one line."""
         raise NotImplementedError
 
+    #: why no device would vote when the lowest threshold is >= 1 (the protocol's words, for :meth:`problems`)
+    tau_too_high: ClassVar[str]
+
+    def check_caps(self) -> None:
+        """The checks shared by every voting protocol's parameters (ValueError naming the bad one)."""
+        if not 0 < self.delta < 1:
+            raise ValueError(f"protocol.delta must be in (0, 1), got {self.delta}")
+        if self.epoch_length < 1 or self.epochs < 1:
+            raise ValueError("protocol.epoch_length and the number of epochs must be >= 1")
+        if self.cap_rule not in ("paper", "strict"):
+            raise ValueError(f"protocol.cap_rule must be 'paper' or 'strict', got {self.cap_rule!r}")
+        if self.behavior not in ("honest", "always_update"):
+            raise ValueError(f"collector.behavior must be 'honest' or 'always_update', got {self.behavior!r}")
+
     def problems(self) -> list[str]:
-        """Why the derived constants cannot work as intended (empty: feasible)."""
-        raise NotImplementedError
+        """Why the derived constants cannot work as the paper intends (empty: feasible): Assumption 4.2 on the
+        smallest group, vote and estimate noise below the cap eps/4, and a lowest threshold below 1."""
+        out = []
+        n, lm = self.devices, math.log(12 * self.groups * self.epochs / self.delta)
+        need = (3 / math.sqrt(2) + math.sqrt(32) / self.epsilon) * math.sqrt(n * lm)
+        smallest = self.smallest_group or n
+        if smallest <= need:
+            out.append(f"Assumption 4.2 fails: the smallest group has {smallest:,} devices, it needs more than "
+                       f"(3/sqrt 2 + sqrt 32/eps) sqrt(n ln(12 M T/delta)) = {need:,.0f}")
+        a, b = self.vote_noise, self.estimate_noise
+        if not math.isfinite(a) or a >= self.cap:
+            out.append(f"vote noise a = {a:.4g} is not below the cap eps/4 = {self.cap:.4g}: at most one vote")
+        if not math.isfinite(b) or b >= self.cap:
+            out.append(f"estimate noise b = {b:.4g} is not below the cap eps/4 = {self.cap:.4g}")
+        if self.taus[1] >= 1:
+            out.append(f"the lowest threshold tau_0 = {self.taus[1]:.3g} is >= 1: {self.tau_too_high} "
+                       f"(set protocol.tau_scale below {1 / self.taus[1]:.3g})")
+        return out
+
+    def updates_and_caps(self, rounds: list, reserve: np.ndarray, estimate_spend: np.ndarray) -> dict:
+        """The run summary's updates (how many, which epochs) and caps: the share of devices that booked a vote
+        reserve (their first data-dependent vote), the share whose estimate cap is reached (K_E truthful
+        estimates), the largest reserve and the largest estimate spend, from the ledger's spend by reason."""
+        full = self.estimate_noise * self.estimate_cap_count
+        return {
+            "updates": int(sum(bool(r.info.get("global_update")) for r in rounds)),
+            "update_epochs": [r.round for r in rounds if r.info.get("global_update")],
+            "caps": {"cap": self.cap, "vote_cap_count": self.vote_cap_count,
+                     "estimate_cap_count": self.estimate_cap_count,
+                     "vote_reserve_booked": float(np.mean(reserve > 0)) if reserve.size else 0.0,
+                     "estimate_cap_reached": (float(np.mean(estimate_spend >= full - 1e-9))
+                                              if estimate_spend.size else 0.0),
+                     "vote_reserve_max": float(reserve.max(initial=0.0)),
+                     "estimate_spend_max": float(estimate_spend.max(initial=0.0))}}
+
+    def round_mechanism(self, round_: int = 1) -> NoRoundMechanism:
+        """Whether an epoch's vote or estimate depends on the data at all is decided by the caps, the reference
+        and the collector's decisions, and the transcript is accounted as a whole (at most K_V differing votes
+        per side and K_E truthful estimates: total_epsilon). A PLD over those capped messages would need
+        composition with adaptively chosen, capped mechanisms (a privacy filter), not a fixed per-epoch
+        mechanism composed T times; not done here."""
+        return NoRoundMechanism("whole-transcript accounting: which epochs carry data depends on the caps and the "
+                                "collector's decisions, so there is no fixed per-epoch mechanism to compose "
+                                "(the exact bound is privacy.guarantee)")
+
+    @classmethod
+    def from_voting_table(cls, name: str, table: "config.Table", ctx: "config.Context", **own: Any) -> Self:
+        """Parameters from a [protocol] table: the keys every voting protocol reads (epsilon, delta,
+        epoch_length, a, b, tau_scale, cap_rule), the population and the collector's behavior from ``ctx``, and
+        ``own``, the protocol's other fields (read by the caller). Infeasible derived constants go through
+        :meth:`feasible`: explicit when a, b or tau_scale is given."""
+        epsilon = config.epsilon(table)
+        rounds = ctx.rounds
+        length = table.get("epoch_length", int, check=lambda v: 1 <= v <= rounds and rounds % v == 0,
+                           what=f"a divisor of rounds ({rounds})")
+        overrides = {k: table.get(k, float, None, check=config.positive, what="> 0") for k in ("a", "b")}
+        tau_scale = table.get("tau_scale", float, None, check=config.positive, what="> 0")
+        make: Any = cls  # a frozen dataclass deriving from this class
+        params = make(
+            name=name, epsilon=epsilon,
+            delta=table.get("delta", float, 0.1, check=lambda v: 0 < v < 1, what="a number in (0, 1)"),
+            epoch_length=length, epochs=rounds // length, devices=ctx.devices, groups=ctx.groups,
+            smallest_group=ctx.smallest_group, a=overrides["a"], b=overrides["b"],
+            tau_scale=1.0 if tau_scale is None else tau_scale,
+            cap_rule=table.get("cap_rule", str, "paper", check=lambda v: v in ("paper", "strict"),
+                               what='"paper" or "strict"'),
+            behavior="always_update" if ctx.behavior == "always_update" else "honest", **own)
+        explicit = tau_scale is not None or any(v is not None for v in overrides.values())
+        return params.feasible(table, explicit)
 
     def feasible(self, table: "config.Table", explicit: bool) -> Self:
         """These parameters parsed from ``table``, their problems (:meth:`problems`) kept as warnings; an error
@@ -250,27 +336,17 @@ class ThreshParams(VotingCaps):
 
     kind = "epoch"
     label = "THRESH"
+    tau_too_high = "an epoch mean can never move that far, so no device would ever vote"
 
     collects_bits = True  # a device's daily value is a bit (a Bernoulli counter)
 
     def run_summary(self, rounds: list, spend_by_reason: dict[str, np.ndarray], devices: int) -> dict:
-        """THRESH's part of summary.json: updates, caps and constants. From the ledger: the share of devices
-        that booked a vote reserve (their first data-dependent vote), the share whose estimate cap is reached
-        (K_E truthful estimates), the largest reserve and the largest estimate spend. ``rounds`` are the run's
-        round records (``round``, ``info``)."""
+        """THRESH's part of summary.json: updates and caps (:meth:`updates_and_caps`) and constants. ``rounds``
+        are the run's round records (``round``, ``info``)."""
         zeros = np.zeros(devices)
-        reserve = spend_by_reason.get(THRESH_VOTE_RESERVE, zeros)
-        ce = spend_by_reason.get(THRESH_ESTIMATE, zeros)
-        full = self.estimate_noise * self.estimate_cap_count
         return {
-            "updates": int(sum(bool(r.info.get("global_update")) for r in rounds)),
-            "update_epochs": [r.round for r in rounds if r.info.get("global_update")],
-            "caps": {"cap": self.cap, "vote_cap_count": self.vote_cap_count,
-                     "estimate_cap_count": self.estimate_cap_count,
-                     "vote_reserve_booked": float(np.mean(reserve > 0)) if reserve.size else 0.0,
-                     "estimate_cap_reached": float(np.mean(ce >= full - 1e-9)) if ce.size else 0.0,
-                     "vote_reserve_max": float(reserve.max(initial=0.0)),
-                     "estimate_spend_max": float(ce.max(initial=0.0))},
+            **self.updates_and_caps(rounds, spend_by_reason.get(THRESH_VOTE_RESERVE, zeros),
+                                    spend_by_reason.get(THRESH_ESTIMATE, zeros)),
             "thresh": {"a": self.vote_noise, "b": self.estimate_noise, "taus": self.taus.tolist(),
                        "vote_threshold": self.vote_threshold, "guarantee": float(self.total_epsilon),
                        "guarantee_derivation": self.guarantee_derivation,
@@ -294,31 +370,11 @@ class ThreshParams(VotingCaps):
         """[protocol] keys: epsilon, delta, epoch_length, a, b, tau_scale, cap_rule, allow_infeasible.
         Infeasible derived constants are an error naming them, unless a, b or tau_scale are given explicitly
         (or allow_infeasible = true): then the problems become warnings."""
-        epsilon = config.epsilon(table)
-        rounds = ctx.rounds
-        length = table.get("epoch_length", int, check=lambda v: 1 <= v <= rounds and rounds % v == 0,
-                           what=f"a divisor of rounds ({rounds})")
-        overrides = {k: table.get(k, float, None, check=config.positive, what="> 0") for k in ("a", "b")}
-        tau_scale = table.get("tau_scale", float, None, check=config.positive, what="> 0")
-        params = cls(
-            name, epsilon, table.get("delta", float, 0.1, check=lambda v: 0 < v < 1, what="a number in (0, 1)"),
-            length, rounds // length, ctx.devices, ctx.groups, ctx.smallest_group, overrides["a"],
-            overrides["b"], 1.0 if tau_scale is None else tau_scale,
-            table.get("cap_rule", str, "paper", check=lambda v: v in ("paper", "strict"), what='"paper" or "strict"'),
-            "always_update" if ctx.behavior == "always_update" else "honest")
-        explicit = tau_scale is not None or any(v is not None for v in overrides.values())
-        return params.feasible(table, explicit)
+        return cls.from_voting_table(name, table, ctx)
 
     def __post_init__(self) -> None:
         check_params(self.epsilon, self.max_value)
-        if not 0 < self.delta < 1:
-            raise ValueError(f"protocol.delta must be in (0, 1), got {self.delta}")
-        if self.epoch_length < 1 or self.epochs < 1:
-            raise ValueError("protocol.epoch_length and the number of epochs must be >= 1")
-        if self.cap_rule not in ("paper", "strict"):
-            raise ValueError(f"protocol.cap_rule must be 'paper' or 'strict', got {self.cap_rule!r}")
-        if self.behavior not in ("honest", "always_update"):
-            raise ValueError(f"collector.behavior must be 'honest' or 'always_update', got {self.behavior!r}")
+        self.check_caps()
         smallest = self.smallest_group or self.devices
         object.__setattr__(self, "derived", derived_constants(self.devices, self.groups, smallest, self.epochs,
                                                               self.epoch_length, self.epsilon, self.delta))
@@ -347,35 +403,6 @@ class ThreshParams(VotingCaps):
             why = (f"tau_L = {self.taus[-1]:.4g} >= 1: the first vote can depend on the data"
                    if not self.forced_first_vote else "K_V = 0: no yes vote is ever allowed")
         return f"{head} ({why}; K_V = {rule}(eps/4a) = {kv}, K_E = {rule}(eps/4b) = {ke})"
-
-    def round_mechanism(self, round_: int = 1) -> NoRoundMechanism:
-        """THRESH's messages are fresh, but whether an epoch's vote or estimate depends on the data at all is
-        decided by the caps, the reference and the collector's decisions, and the transcript is accounted as a
-        whole (at most K_V differing votes per side and K_E truthful estimates: total_epsilon). A PLD over
-        those capped messages would need composition with adaptively chosen, capped mechanisms (a privacy
-        filter), not a fixed per-epoch mechanism composed T times; not done here."""
-        return NoRoundMechanism("whole-transcript accounting: which epochs carry data depends on the caps and the "
-                                "collector's decisions, so there is no fixed per-epoch mechanism to compose "
-                                "(the exact bound is privacy.guarantee)")
-
-    def problems(self) -> list[str]:
-        """Why the derived parameters cannot work as the paper intends (empty: feasible)."""
-        out = []
-        n, lm = self.devices, math.log(12 * self.groups * self.epochs / self.delta)
-        need = (3 / math.sqrt(2) + math.sqrt(32) / self.epsilon) * math.sqrt(n * lm)
-        smallest = self.smallest_group or n
-        if smallest <= need:
-            out.append(f"Assumption 4.2 fails: the smallest group has {smallest:,} devices, it needs more than "
-                       f"(3/sqrt 2 + sqrt 32/eps) sqrt(n ln(12 M T/delta)) = {need:,.0f}")
-        a, b = self.vote_noise, self.estimate_noise
-        if not math.isfinite(a) or a >= self.cap:
-            out.append(f"vote noise a = {a:.4g} is not below the cap eps/4 = {self.cap:.4g}: at most one vote")
-        if not math.isfinite(b) or b >= self.cap:
-            out.append(f"estimate noise b = {b:.4g} is not below the cap eps/4 = {self.cap:.4g}")
-        if self.taus[1] >= 1:
-            out.append(f"the lowest threshold tau_0 = {self.taus[1]:.3g} is >= 1: an epoch mean can never move that "
-                       f"far, so no device would ever vote (set protocol.tau_scale below {1 / self.taus[1]:.3g})")
-        return out
 
     def make_devices(self, seed: int, device_ids: np.ndarray, limits: Limits | None = None) -> "ThreshDevices":
         return ThreshDevices(self, seed, device_ids, limits)
@@ -577,18 +604,21 @@ def _mean(bits: np.ndarray) -> float:
     return float(bits.mean()) if bits.size else math.nan
 
 
-class ThreshCollector(StagedCollector):
-    """Collector side: vote stage, decision, estimate stage; the estimate is carried forward without update.
-    An epoch is ``idle -> vote -> estimate -> idle`` (protocols.staged): the votes' close decides the update."""
+class VotingCollector(StagedCollector):
+    """The collector side of a protocol that votes on change (THRESH, HeavyTHRESH; Joseph et al. 2018,
+    Algorithm 2): vote stage, decision, estimate stage, an epoch being ``idle -> vote -> estimate -> idle``
+    (protocols.staged). The votes' close decides the update, by the paper's test on the votes that arrived;
+    subclasses say what the estimates' close does (:meth:`finish`) and how the carried estimate is kept in a
+    snapshot (:meth:`_kept_estimate`, :meth:`_restored_estimate`)."""
 
     GRAPH = StageGraph.chain("vote", "estimate")
 
-    def __init__(self, params: ThreshParams, n_devices: int) -> None:
+    def __init__(self, params: VotingCaps, n_devices: int, estimate_column: Column, estimate: Any) -> None:
         super().__init__(params.name, n_devices, {"vote": (Column("vote", np.uint8, high=1),),
-                                                  "estimate": (Column("est", np.uint8, high=1),)})
+                                                  "estimate": (estimate_column,)})
         self.params = params
         self.votes, self.estimates = self.stage("vote"), self.stage("estimate")
-        self.estimate = math.nan  # no estimate before the first global update
+        self.estimate = estimate  # no estimate before the first global update
         self._vote_mean = math.nan
         self._update = False
         self._vote_reports = 0
@@ -597,14 +627,20 @@ class ThreshCollector(StagedCollector):
     def epoch(self) -> int:
         return self.round
 
+    def _kept_estimate(self) -> Any:
+        raise NotImplementedError
+
+    def _restored_estimate(self, state: dict) -> Any:
+        raise NotImplementedError
+
     def extra_snapshot(self) -> dict:
         """The epoch, the carried-forward estimate and the last epoch's decision figures."""
-        return {"epoch": self.round, "estimate": float(self.estimate), "vote_mean": float(self._vote_mean),
+        return {"epoch": self.round, "estimate": self._kept_estimate(), "vote_mean": float(self._vote_mean),
                 "update": bool(self._update), "vote_reports": int(self._vote_reports)}
 
     def extra_restore(self, state: dict) -> None:
         self.round = snap.field(state, "epoch", int)
-        self.estimate = snap.field(state, "estimate", float)
+        self.estimate = self._restored_estimate(state)
         self._vote_mean = snap.field(state, "vote_mean", float)
         self._update = snap.field(state, "update", bool)
         self._vote_reports = snap.field(state, "vote_reports", int)
@@ -625,6 +661,20 @@ class ThreshCollector(StagedCollector):
         """The update test on the votes that arrived (lost votes: the test uses the count received)."""
         a = self.params.vote_noise
         return 1 / (math.exp(a) + 1) + math.sqrt(math.log(10 * self.params.epochs / self.params.delta) / (2 * reports))
+
+
+class ThreshCollector(VotingCollector):
+    """Collector side: the estimate is a mean, carried forward without update."""
+
+    def __init__(self, params: ThreshParams, n_devices: int) -> None:
+        super().__init__(params, n_devices, Column("est", np.uint8, high=1), math.nan)
+        self.params: ThreshParams = params
+
+    def _kept_estimate(self) -> float:
+        return float(self.estimate)
+
+    def _restored_estimate(self, state: dict) -> float:
+        return snap.field(state, "estimate", float)
 
     def finish(self, stage: str, result: RoundResult) -> RoundResult:
         """The estimates closed: debias them if the epoch updated, else carry the estimate forward."""
