@@ -14,6 +14,7 @@ own processes would have at that simulated time. Digests therefore do not depend
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Protocol
 
@@ -90,6 +91,17 @@ def signed_ids(device_ids: np.ndarray) -> np.ndarray:
     return ids.view(np.int64) if ids.dtype == np.uint64 else ids.astype(np.int64, copy=False)
 
 
+def _run_now(job: Callable[[], Any]) -> Future:
+    """An executor's ``submit`` that runs ``job`` at once, on the calling thread (a worker process has no core
+    to spare beside its own: it computes ahead between its answers)."""
+    done: Future = Future()
+    try:
+        done.set_result(job())
+    except BaseException as exc:  # handed to whoever asks for the result, as an executor would
+        done.set_exception(exc)
+    return done
+
+
 def cohort_day(now: float, round_seconds: float) -> int:
     """The devices' own round counter: rounds start every ``round_seconds``, the first at time 0."""
     return int(now // round_seconds) + 1
@@ -102,31 +114,24 @@ class CohortShard:
     def __init__(self, params: Any, seed: int, limits: Any, world: World, network: Network,
                  cohorts: list[tuple[int, int]], round_seconds: float) -> None:
         self.world, self.network, self.round_seconds = world, network, float(round_seconds)
-        self.ahead: World | None = None  # a twin of the world computing the next day ahead of time (prefetch)
         self.cohorts = [(int(lo), int(hi)) for lo, hi in cohorts]
         self.devices = [params.make_devices(seed, np.arange(lo, hi), limits) for lo, hi in self.cohorts]
         self.ids = [signed_ids(d.device_ids) for d in self.devices]
         self.observers = [i for i, d in enumerate(self.devices) if hasattr(d, "observe")]
 
     def _at(self, day: int) -> World:
-        """The world moved to ``day``: the twin that computed it ahead of time, if one did."""
-        if self.ahead is not None and self.ahead.day == day > self.world.day:
-            self.world, self.ahead = self.ahead, self.world
+        """The world moved to ``day``, its values computed (taken from its twin when :meth:`prefetch` computed
+        them)."""
         self.world.advance_to(day)
+        self.world.values(np.empty(0, dtype=np.int64))
         return self.world
 
     def prefetch(self, day: int) -> None:
-        """Compute the world's values on ``day`` before anyone asks, in a twin of the world (a pure function of
-        the seed and the day), while the current world keeps serving its own day: a worker calls it right after
-        sending a broadcast's answers, so it runs while the run's process takes the reports in, and the next
-        day's request finds them ready. Worlds with behaviors are left alone (they keep state day to day)."""
-        if day <= self.world.day or any(g.behavior is not None for g in self.world.groups):
-            return
-        if self.ahead is None:
-            self.ahead = self.world.twin()
-        if self.ahead.day <= day:
-            self.ahead.advance_to(day)
-            self.ahead.values(np.empty(0, dtype=np.int64))
+        """Compute the world's values on ``day`` before anyone asks (:meth:`agents.world.World.prefetch`, here
+        and now): a worker calls it right after sending a broadcast's answers, so it runs while the run's
+        process takes the reports in, and the next day's request finds them ready. Worlds with behaviors are
+        left alone (they keep state day to day)."""
+        self.world.prefetch(day, _run_now)
 
     def observe(self, day: int) -> None:
         """The devices' daily look at their counters (world moved to ``day`` first)."""
