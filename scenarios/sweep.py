@@ -61,7 +61,7 @@ SWEEP_PURPOSE = 100  # stream tag of repetition seeds; beyond protocols.keyed.Pu
 SEED_MASK = (1 << 63) - 1
 FIXED_COLUMNS = ("repetition", "seed", "devices", "protocol")
 _SWEEP_KEYS = ("repeat", "workers", "grid")
-_IDENTITY = ("scenario_data", "grid", "repeat", "seeds")  # what makes two sweep.json the same sweep
+_IDENTITY = ("scenario_data", "grid", "repeat", "seeds", "on_every_point")  # what makes two sweep.json the same
 
 
 # ------------------------------------------------------------------------------------------- definition
@@ -77,6 +77,9 @@ class Sweep:
     workers: int
     seeds: list[int]
     warnings: tuple[str, ...] = ()  # scenario warnings of the grid points (valid but probably not meant)
+    #: ``--set`` overrides under a table the grid sets whole (e.g. protocol.holdout when the grid sweeps the
+    #: protocol table): applied on top of every grid point, after its values
+    on_every_point: tuple[str, ...] = ()
 
     @property
     def keys(self) -> list[str]:
@@ -95,14 +98,19 @@ class Sweep:
         """The content of sweep.json."""
         return {"scenario": str(self.scenario_path), "overrides": self.overrides, "grid": self.grid,
                 "repeat": self.repeat, "base_seed": self.base.get("seed", 0), "seed_purpose": SWEEP_PURPOSE,
-                "seeds": self.seeds, "scenario_data": self.base}
+                "seeds": self.seeds, "scenario_data": self.base, "on_every_point": list(self.on_every_point)}
 
     def point_data(self, point: tuple[Any, ...]) -> dict[str, Any]:
-        """The scenario dict of one grid point, built with ``schema.apply_overrides``."""
-        data = self.base
-        for key, value in zip(self.keys, point):
-            data = _apply(data, key, value)
-        return data
+        """The scenario dict of one grid point, built with ``schema.apply_overrides``: the base, the point's
+        values, then :attr:`on_every_point`."""
+        return _point(self.base, list(zip(self.keys, point)), self.on_every_point)
+
+
+def _point(base: dict[str, Any], pairs: list[tuple[str, Any]], after: tuple[str, ...]) -> dict[str, Any]:
+    data = base
+    for key, value in pairs:
+        data = _apply(data, key, value)
+    return apply_overrides(data, list(after)) if after else data
 
 
 def derive_seeds(base_seed: int, repeat: int) -> list[int]:
@@ -265,31 +273,40 @@ def plan(spec: str, grid_args: list[str], repeat: str | int | None = None, worke
     else:
         n_workers = min(2, os.cpu_count() or 1)
     overrides = list(overrides or [])
-    for item in overrides:  # a --set under a swept key would be silently replaced by the grid's values
+    on_base, on_every_point = [], []
+    for item in overrides:
         key = item.split("=", 1)[0].strip()
+        under = False
         for g in grid:
             gk = g.strip()
-            if key == gk or key.startswith(gk + ".") or gk.startswith(key + "."):
-                raise ScenarioError(f"--set {key}: the grid sets {g.strip()!r} at every point, which would replace "
+            if key == gk or gk.startswith(key + "."):  # the grid's values would silently replace this --set
+                raise ScenarioError(f"--set {key}: the grid sets {gk!r} at every point, which would replace "
                                     f"it; vary it with --grid instead (or edit the study file)")
-    base = apply_overrides(data, overrides)
+            under = under or key.startswith(gk + ".")
+        (on_every_point if under else on_base).append(item)  # under a swept table: on top of each point
+    base = apply_overrides(data, on_base)
     seed = base.get("seed", 0)
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
         raise ScenarioError(f"seed: must be an integer in [0, 2^63), got {seed!r}")
-    warnings = _validate(base, grid)
+    warnings = _validate(base, grid, tuple(on_every_point))
     return Sweep(path, overrides, base, grid, n_rep, n_workers, derive_seeds(seed, n_rep),
-                 tuple(warnings))
+                 tuple(warnings), tuple(on_every_point))
 
 
-def _validate(base: dict[str, Any], grid: dict[str, list[Any]]) -> list[str]:
+def _validate(base: dict[str, Any], grid: dict[str, list[Any]], after: tuple[str, ...] = ()) -> list[str]:
     """Each key's values alone on the base scenario first (so the error names that key and value), then
-    every point of the cross product. Returns the points' distinct scenario warnings."""
+    every point of the cross product; ``after``: the --set overrides applied on top of each. Returns the
+    points' distinct scenario warnings."""
     warnings: dict[str, None] = {}
 
     def check(pairs: list[tuple[str, Any]]) -> None:
-        data = base
-        for key, value in pairs:
-            data = _apply(data, key, value)
+        data = _point(base, pairs, ())
+        if after:  # an error in a --set names the point it was applied to
+            try:
+                data = apply_overrides(data, list(after))
+            except ScenarioError as exc:
+                shown = ", ".join(f"{k}={toml_text(v)}" for k, v in pairs)
+                raise ScenarioError(f"grid point {shown}: {exc}") from None
         try:
             warnings.update(dict.fromkeys(parse(data).warnings))
         except ScenarioError as exc:
@@ -541,6 +558,7 @@ def _prepare(sweep: Sweep, out: Path, force: bool) -> None:
                 theirs = json.loads(meta.read_text(encoding="utf-8"))
             except (OSError, ValueError):
                 theirs = {}
+            theirs.setdefault("on_every_point", [])  # written before it existed: none
             diff = [k for k in _IDENTITY if theirs.get(k) != mine[k]]
             if diff:
                 raise ScenarioError(f"--out {out}: holds a different sweep ({', '.join(diff)} differ); "

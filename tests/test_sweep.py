@@ -610,12 +610,40 @@ protocol = [{ name = "1bitmean", epsilon = 1.0, max_value = 3600 }, { name = "la
     assert rows[0]["protocol"] != rows[1]["protocol"]
 
 
-def test_a_set_under_a_swept_key_is_refused_rather_than_silently_replaced_by_the_grid(tmp_path):
-    """``--set population.devices=...`` on a sweep whose grid varies population.devices (or a whole table that
-    holds the key) would be overwritten at every grid point: the sweep refuses it in one line naming both."""
+def test_a_set_of_a_swept_key_is_refused_rather_than_silently_replaced_by_the_grid(tmp_path):
+    """``--set population.devices=...`` on a sweep whose grid varies population.devices (or a --set of a table
+    holding a swept key) would be overwritten at every grid point: the sweep refuses it in one line naming
+    both."""
     with pytest.raises(ScenarioError, match=r"--set population\.devices: the grid sets 'population\.devices'"):
         sweep.plan("quickstart", ["population.devices=100,200"], repeat=1, overrides=["population.devices=50"])
-    with pytest.raises(ScenarioError, match=r"--set protocol\.epsilon: the grid sets 'protocol'"):
-        sweep.plan("quickstart", ['protocol ={name = "1bitmean", epsilon = 1.0, max_value = 86400}'], repeat=1,
-                   overrides=["protocol.epsilon=2"])
+    with pytest.raises(ScenarioError, match=r"--set protocol: the grid sets 'protocol\.epsilon'"):
+        sweep.plan("quickstart", ["protocol.epsilon=1,2"], repeat=1,
+                   overrides=['protocol={name = "1bitmean", epsilon = 1.0, max_value = 86400}'])
     assert sweep.plan("quickstart", ["protocol.epsilon=1,2"], repeat=1, overrides=["rounds=3"]).base["rounds"] == 3
+
+
+def test_a_set_under_a_table_the_grid_sets_whole_applies_on_top_of_every_point(tmp_path, capsys):
+    """A study whose grid sets the whole protocol table (topl_fig8_*.toml) can still be shrunk from the
+    command line: ``--set protocol.holdout=...`` applies to every point after its values, is part of the
+    sweep's identity (a resume with another value is refused), and an error in it names the point."""
+    tables = ['protocol ={name = "1bitmean", epsilon = 1.0, max_value = 86400}',
+              'protocol ={name = "1bitmean", epsilon = 2.0, max_value = 3600}']
+    plan = sweep.plan("quickstart", [tables[0] + "," + tables[1].split("=", 1)[1]], repeat=1,
+                      overrides=["protocol.epsilon=0.5", "rounds=2", "population.devices=300"])
+    assert plan.on_every_point == ("protocol.epsilon=0.5",) and plan.base["rounds"] == 2
+    points = [plan.point_data(p)["protocol"] for p in plan.points]
+    assert [(t["epsilon"], t["max_value"]) for t in points] == [(0.5, 86400), (0.5, 3600)]
+    out = tmp_path / "out"
+    assert main(["sweep", "quickstart", "--grid", tables[0] + "," + tables[1].split("=", 1)[1], "--repeat", "1",
+                 "--workers", "1", "--set", "protocol.epsilon=0.5", "--set", "rounds=2", "--set",
+                 "population.devices=300", "--out", str(out), "--quiet"]) == 0
+    assert json.loads((out / "sweep.json").read_text())["on_every_point"] == ["protocol.epsilon=0.5"]
+    runs = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
+    assert sorted(r["summary"]["privacy"]["round_epsilon"] for r in runs) == [0.5, 0.5]
+    capsys.readouterr()
+    assert main(["sweep", "quickstart", "--grid", tables[0] + "," + tables[1].split("=", 1)[1], "--repeat", "1",
+                 "--workers", "1", "--set", "protocol.epsilon=0.75", "--set", "rounds=2", "--set",
+                 "population.devices=300", "--out", str(out), "--quiet"]) == 2
+    assert "on_every_point differ" in capsys.readouterr().err
+    with pytest.raises(ScenarioError, match=r"--grid protocol=.*: protocol\.epsilon: must be"):
+        sweep.plan("quickstart", [tables[0]], repeat=1, overrides=["protocol.epsilon=-1"])
