@@ -192,11 +192,21 @@ def _canon(value: Any) -> str:
 
 
 def value_labels(values: list[Any]) -> list[str]:
-    """Short text for each value of one grid key: a table by its ``dist`` (else compact JSON); if two values
-    would share a label, every value of the key is shown as compact JSON instead."""
+    """Short text for each value of one grid key. Tables: by their ``dist`` where every table has a different
+    one, else by the entries in which the tables differ (``max_value=29, bins=29``; compact JSON for a table
+    with none of them). If two values would share a label, every value of the key is shown as compact JSON."""
+    tables = [v for v in values if isinstance(v, dict)]
+    dists = [t.get("dist") for t in tables]
+    by_dist = all(isinstance(d, str) for d in dists) and len(set(dists)) == len(dists)
+    keys = list(dict.fromkeys(k for t in tables for k in t))
+    missing = object()
+    differing = [k for k in keys if len({_canon(t[k]) if k in t else missing for t in tables}) > 1]
+
     def short(v: Any) -> str:
         if isinstance(v, dict):
-            return str(v["dist"]) if isinstance(v.get("dist"), str) else _canon(v)
+            if by_dist:
+                return str(v["dist"])
+            return ", ".join(f"{k}={_cell(v[k])}" for k in differing if k in v) or _canon(v)
         if isinstance(v, list):
             return _canon(v)
         return _cell(v)
@@ -795,6 +805,8 @@ def plot_figures(sweep: Sweep, header: list[str], rows: list[dict[str, Any]], ou
     xpos = [float(v) for v in xvals] if numeric else list(range(len(xvals)))
     xindex = {lab: j for j, lab in enumerate(xlabels)}
     order = {k: {lab: j for j, lab in enumerate(value_labels(sweep.grid[k]))} for k in others}
+    fixed = {k: value_labels(sweep.grid[k])[0] for k in others if len(sweep.grid[k]) == 1}  # in the title
+    held = "".join(f"; {k}={v}" for k, v in fixed.items())
     written = []
     for col in (c for c in header if c.startswith("error_")):
         groups: dict[tuple[str, ...], dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
@@ -810,7 +822,7 @@ def plot_figures(sweep: Sweep, header: list[str], rows: list[dict[str, Any]], ou
             ys = [by_x[j] for j in js]
             mean = [float(np.mean(y)) for y in ys]
             se = [float(np.std(y, ddof=1) / math.sqrt(len(y))) if len(y) > 1 else 0.0 for y in ys]
-            label = ", ".join(f"{k}={v}" for k, v in zip(others, combo)) or None
+            label = ", ".join(f"{k}={v}" for k, v in zip(others, combo) if k not in fixed) or None
             ax.errorbar([xpos[j] for j in js], mean, yerr=se, marker="o", ms=4, capsize=3, lw=1.2, label=label)
         if numeric and log_axis(xvals):
             ax.set_xscale("log")
@@ -824,8 +836,8 @@ def plot_figures(sweep: Sweep, header: list[str], rows: list[dict[str, Any]], ou
         ax.set_xlabel(xkey)
         ax.set_ylabel(col)
         ax.set_title(f"{sweep.name}: {col} (mean ± 1 s.e. over {sweep.repeat} repetition"
-                     f"{'s' if sweep.repeat != 1 else ''})", fontsize=10)
-        if others:
+                     f"{'s' if sweep.repeat != 1 else ''}{held})", fontsize=10)
+        if len(others) > len(fixed):
             ax.legend(fontsize=7, loc="best")
         ax.grid(True, alpha=0.3)
         fig.tight_layout()

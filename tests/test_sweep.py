@@ -357,11 +357,15 @@ def test_table_valued_grid_values_get_short_labels(tmp_path):
     assert runs_of(out)[0]["point"]["population.groups.0.counter"] in (
         {"dist": "constant", "value": 12}, {"dist": "uniform", "low": 0, "high": 24})
     assert (out / "error_mean_abs.png").read_bytes()[:8] == PNG_MAGIC  # a categorical x axis
-    # labels that would collide fall back to compact JSON for every value of that key
-    assert sweep.value_labels([{"dist": "normal", "mean": 1}, {"dist": "normal", "mean": 2}]) == \
-        ['{"dist":"normal","mean":1}', '{"dist":"normal","mean":2}']
+    # tables with the same dist are told apart by the entries in which they differ (a whole protocol table:
+    # topl_fig8_*.toml); labels that would still collide fall back to compact JSON for every value of the key
+    assert sweep.value_labels([{"dist": "normal", "mean": 1}, {"dist": "normal", "mean": 2}]) == ["mean=1", "mean=2"]
+    assert sweep.value_labels([{"name": "topl", "max_value": 29, "bins": 29, "integer": True},
+                               {"name": "topl", "max_value": 500, "bins": 1024}]) == \
+        ["max_value=29, bins=29, integer=true", "max_value=500, bins=1024"]
     assert sweep.value_labels([{"dist": "constant", "value": 1}, {"low": 0}, 0.5, "x"]) == \
-        ["constant", '{"low":0}', "0.5", "x"]
+        ["dist=constant, value=1", "low=0", "0.5", "x"]
+    assert sweep.value_labels([{"a": 1}, {"a": 1.0}, "a=1"]) == ['{"a":1}', '{"a":1.0}', '"a=1"']
 
 
 # ------------------------------------------------------------------ scheduling, results.parquet, clusters
