@@ -46,9 +46,10 @@ def _on_time_band(latency, jitter, time_left):
 
 @nb.njit(cache=True, nogil=True)
 def _fate_kernel(ids, loss_key, latency_key, loss, latency, jitter, time_left, on, late):
-    """Each report's fate (``ids``: its device, any unsigned dtype) by its keyed loss draw (kept when u >= loss) and keyed exponential delay
-    latency - jitter log(1 - u): the indices of the reports on time written to ``on`` and of those late to
-    ``late``, in batch order; returns their counts and the largest on-time and late delays (0 when none).
+    """Each report's fate (``ids``: its device, an unsigned or non-negative integer) by its keyed loss draw
+    (kept when u >= loss) and keyed exponential delay latency - jitter log(1 - u): the indices of the reports
+    on time written to ``on`` and of those late to ``late``, in batch order; returns their counts and the
+    largest on-time and late delays (0 when none).
     The delay rises with u, so the deadline splits the draws at one point and the largest delay is that of the
     largest draw: one logarithm per batch, not one per report, except for draws within 1e-9 of the split."""
     u_lo, u_hi = _on_time_band(latency, jitter, time_left)

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -219,8 +219,11 @@ class HeavyThreshParams(VotingCaps):
         """[protocol] keys: epsilon, delta, epoch_length, buckets (D), max_value, a, b, tau_scale, cap_rule,
         allow_infeasible. Infeasible derived constants are an error naming them, unless a, b or tau_scale are
         given explicitly (or allow_infeasible = true): then the problems become warnings."""
-        buckets, max_value = items_table(table)
-        return cls.from_voting_table(name, table, ctx, buckets=buckets, max_value=max_value)
+        def items(t: "config.Table") -> dict[str, Any]:
+            buckets, max_value = items_table(t)
+            return {"buckets": buckets, "max_value": max_value}
+
+        return cls.from_voting_table(name, table, ctx, items)
 
     def __post_init__(self) -> None:
         check_params(self.epsilon, self.max_value)

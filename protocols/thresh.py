@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Self, overload
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Self, overload
 
 import numba as nb
 import numpy as np
@@ -186,15 +186,18 @@ class VotingCaps:
                                 "(the exact bound is privacy.guarantee)")
 
     @classmethod
-    def from_voting_table(cls, name: str, table: "config.Table", ctx: "config.Context", **own: Any) -> Self:
+    def from_voting_table(cls, name: str, table: "config.Table", ctx: "config.Context",
+                          own: Callable[["config.Table"], dict[str, Any]] | None = None) -> Self:
         """Parameters from a [protocol] table: the keys every voting protocol reads (epsilon, delta,
         epoch_length, a, b, tau_scale, cap_rule), the population and the collector's behavior from ``ctx``, and
-        ``own``, the protocol's other fields (read by the caller). Infeasible derived constants go through
-        :meth:`feasible`: explicit when a, b or tau_scale is given."""
+        the protocol's other fields read by ``own`` (after epoch_length, so that the first bad key named is
+        the same as ever). Infeasible derived constants go through :meth:`feasible`: explicit when a, b or
+        tau_scale is given."""
         epsilon = config.epsilon(table)
         rounds = ctx.rounds
         length = table.get("epoch_length", int, check=lambda v: 1 <= v <= rounds and rounds % v == 0,
                            what=f"a divisor of rounds ({rounds})")
+        fields = own(table) if own is not None else {}
         overrides = {k: table.get(k, float, None, check=config.positive, what="> 0") for k in ("a", "b")}
         tau_scale = table.get("tau_scale", float, None, check=config.positive, what="> 0")
         make: Any = cls  # a frozen dataclass deriving from this class
@@ -206,7 +209,7 @@ class VotingCaps:
             tau_scale=1.0 if tau_scale is None else tau_scale,
             cap_rule=table.get("cap_rule", str, "paper", check=lambda v: v in ("paper", "strict"),
                                what='"paper" or "strict"'),
-            behavior="always_update" if ctx.behavior == "always_update" else "honest", **own)
+            behavior="always_update" if ctx.behavior == "always_update" else "honest", **fields)
         explicit = tau_scale is not None or any(v is not None for v in overrides.values())
         return params.feasible(table, explicit)
 

@@ -134,7 +134,11 @@ def encode(msg: Message) -> bytes:
     packer = getattr(_packers, "packer", None)
     if packer is None:
         packer = _packers.packer = msgpack.Packer(default=_default, use_bin_type=True)
-    data = packer.pack({"v": VERSION, "type": msg.TYPE, **body})
+    try:
+        data = packer.pack({"v": VERSION, "type": msg.TYPE, **body})
+    except BaseException:
+        del _packers.packer  # its buffer may have grown to the failed message's size
+        raise
     if len(data) > KEEP_PACKER_BYTES:  # do not hold a buffer this large for the thread's later messages
         del _packers.packer
     return data

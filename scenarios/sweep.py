@@ -64,6 +64,13 @@ _SWEEP_KEYS = ("repeat", "workers", "grid")
 _IDENTITY = ("scenario_data", "grid", "repeat", "seeds", "on_every_point")  # what makes two sweep.json the same
 
 
+def differences(theirs: dict[str, Any], mine: dict[str, Any]) -> list[str]:
+    """The entries of two sweep.json definitions that make them different sweeps (empty: the same sweep, so
+    its runs may be resumed); one written before ``on_every_point`` existed has none."""
+    theirs = {"on_every_point": [], **theirs}
+    return [k for k in _IDENTITY if theirs.get(k) != mine[k]]
+
+
 # ------------------------------------------------------------------------------------------- definition
 @dataclass(frozen=True)
 class Sweep:
@@ -201,6 +208,8 @@ def value_labels(values: list[Any]) -> list[str]:
     keys = list(dict.fromkeys(k for t in tables for k in t))
     missing = object()
     differing = [k for k in keys if len({_canon(t[k]) if k in t else missing for t in tables}) > 1]
+    if len(tables) == 1:  # nothing to tell it from: every entry
+        differing = keys
 
     def short(v: Any) -> str:
         if isinstance(v, dict):
@@ -309,11 +318,11 @@ def _validate(base: dict[str, Any], grid: dict[str, list[Any]], after: tuple[str
     points' distinct scenario warnings."""
     warnings: dict[str, None] = {}
 
-    def check(pairs: list[tuple[str, Any]]) -> None:
+    def check(pairs: list[tuple[str, Any]], on_top: tuple[str, ...]) -> None:
         data = _point(base, pairs, ())
-        if after:  # an error in a --set names the point it was applied to
+        if on_top:  # an error in a --set names the point it was applied to
             try:
-                data = apply_overrides(data, list(after))
+                data = apply_overrides(data, list(on_top))
             except ScenarioError as exc:
                 shown = ", ".join(f"{k}={toml_text(v)}" for k, v in pairs)
                 raise ScenarioError(f"grid point {shown}: {exc}") from None
@@ -324,12 +333,13 @@ def _validate(base: dict[str, Any], grid: dict[str, list[Any]], after: tuple[str
             raise ScenarioError(f"--grid {shown}: {exc}" if len(pairs) == 1 else f"grid point {shown}: {exc}") \
                 from None
 
-    for key, values in grid.items():
+    for key, values in grid.items():  # with the --set under this key only: the others may need their own key
+        mine = tuple(item for item in after if item.split("=", 1)[0].strip().startswith(key.strip() + "."))
         for v in values:
-            check([(key, v)])
+            check([(key, v)], mine)
     if len(grid) > 1:
         for point in itertools.product(*grid.values()):
-            check(list(zip(grid, point)))
+            check(list(zip(grid, point)), after)
     return list(warnings)
 
 
@@ -568,8 +578,7 @@ def _prepare(sweep: Sweep, out: Path, force: bool) -> None:
                 theirs = json.loads(meta.read_text(encoding="utf-8"))
             except (OSError, ValueError):
                 theirs = {}
-            theirs.setdefault("on_every_point", [])  # written before it existed: none
-            diff = [k for k in _IDENTITY if theirs.get(k) != mine[k]]
+            diff = differences(theirs, mine)
             if diff:
                 raise ScenarioError(f"--out {out}: holds a different sweep ({', '.join(diff)} differ); "
                                     "pass --force to start over or choose another directory")

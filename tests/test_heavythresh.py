@@ -476,3 +476,16 @@ def test_snapshots_restore_devices_and_collector() -> None:
     col2.restore(snap.decode(snap.encode(col.snapshot(), "collector")))
     for t in (3, 4):
         np.testing.assert_equal(epoch(dev, col, t), epoch(dev2, col2, t))
+
+
+@pytest.mark.parametrize("table, named", [
+    ({"epsilon": -1.0, "buckets": 0}, "protocol.epsilon"),  # the shared keys first, as before the refactor
+    ({"epoch_length": 7, "max_value": -1.0}, "protocol.epoch_length"),
+    ({"buckets": 0, "a": -1.0}, "protocol.buckets"),  # then the items, then the noise overrides
+])
+def test_a_table_with_several_bad_keys_names_the_same_first_one(table, named) -> None:
+    data = _scenario().raw
+    data["protocol"] = {"name": "heavythresh", "epsilon": 1.0, "epoch_length": 2, "buckets": 4, "max_value": 4.0,
+                        **table}
+    with pytest.raises(schema.ScenarioError, match=named.replace(".", r"\.")):
+        schema.parse(data)

@@ -651,3 +651,32 @@ def test_a_set_under_a_table_the_grid_sets_whole_applies_on_top_of_every_point(t
     assert "on_every_point differ" in capsys.readouterr().err
     with pytest.raises(ScenarioError, match=r"--grid protocol=.*: protocol\.epsilon: must be"):
         sweep.plan("quickstart", [tables[0]], repeat=1, overrides=["protocol.epsilon=-1"])
+    # a --set only the grid's tables take (dBitFlipPM's buckets; the base scenario's 1BitRRPM has none), with
+    # another key swept too: checked on the points, not on the base with the other key alone
+    grid = ('protocol ={name = "dbitflippm", epsilon = 1.0, max_value = 86400, buckets = 8, bits = 2}, '
+            '{name = "dbitflippm", epsilon = 2.0, max_value = 86400, buckets = 16, bits = 2}')
+    plan = sweep.plan("quickstart", [grid, "rounds=2,4"], repeat=1,
+                      overrides=["protocol.buckets=4", "population.devices=300"])
+    assert {plan.point_data(p)["protocol"]["buckets"] for p in plan.points} == {4}
+
+
+def test_a_study_resumed_with_another_set_on_every_point_is_refused(tmp_path):
+    """scenarios/studies/ding_patterns.py checks its own resumes with sweep.differences, on_every_point
+    included, so runs at two settings never mix in one directory."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ding_patterns", Path(__file__).resolve().parent.parent /
+                                                  "scenarios" / "studies" / "ding_patterns.py")
+    assert spec is not None and spec.loader is not None
+    dp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(dp)
+    grid = ['protocol ={name = "1bitrrpm", epsilon = 1.0, max_value = 86400, granularity = 3600}, '
+            '{name = "1bitrrpm", epsilon = 2.0, max_value = 86400, granularity = 3600}']
+    dp.prepare(sweep.plan("quickstart", grid, repeat=1, overrides=["protocol.granularity=7200"]), tmp_path, False)
+    dp.prepare(sweep.plan("quickstart", grid, repeat=1, overrides=["protocol.granularity=7200"]), tmp_path, False)
+    with pytest.raises(ScenarioError, match="on_every_point differ"):
+        dp.prepare(sweep.plan("quickstart", grid, repeat=1, overrides=["protocol.granularity=1800"]), tmp_path,
+                   False)
+    assert sweep.differences({k: v for k, v in json.loads((tmp_path / "sweep.json").read_text()).items()
+                              if k != "on_every_point"}, {**json.loads((tmp_path / "sweep.json").read_text()),
+                                                          "on_every_point": []}) == []

@@ -178,6 +178,17 @@ def test_encoding_from_several_threads_at_once():
         assert encodings == [reference_encoding(msg)] * 5
 
 
+def test_thread_keeps_no_packer_after_a_message_that_failed_to_encode():
+    """The failed message's bytes may have grown the buffer already: the packer goes with them."""
+    encode(sample_batch(np.random.default_rng(1), 3))
+    bad = ReportBatch(1, "p", np.arange(3, dtype=np.uint32), {"a": np.ones(3, np.uint8), "b": object()})
+    with pytest.raises(TypeError):
+        encode(bad)
+    assert getattr(wire._packers, "packer", None) is None
+    small = sample_batch(np.random.default_rng(2), 5)
+    assert encode(small) == reference_encoding(small)
+
+
 def test_thread_keeps_no_packer_after_a_very_large_message(monkeypatch):
     monkeypatch.setattr(wire, "KEEP_PACKER_BYTES", 1000)
     small, large = sample_batch(np.random.default_rng(1), 3), sample_batch(np.random.default_rng(2), 500)

@@ -59,7 +59,6 @@ TOP_PATTERNS = 5
 #: the letters of a pattern word: round t shows the letter of its memo input's class in order of first use
 LETTERS = string.ascii_uppercase + string.ascii_lowercase + string.digits
 ALL = "all"  # the app of a population whose group names name no app
-IDENTITY = ("scenario_data", "grid", "repeat", "seeds")  # sweep.json entries that make two studies the same
 OUTPUTS = ("runs.jsonl", "results.csv", "supports.csv", "sweep.json")
 
 
@@ -294,7 +293,7 @@ def prepare(study: sweep.Sweep, out: Path, force: bool) -> None:
             theirs = json.loads(meta.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             theirs = {}
-        diff = [k for k in IDENTITY if theirs.get(k) != mine[k]]
+        diff = sweep.differences(theirs, mine)
         if diff:
             raise ScenarioError(f"--out {out}: holds a different study ({', '.join(diff)} differ); pass --force "
                                 "to start over or choose another directory")
