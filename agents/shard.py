@@ -129,8 +129,8 @@ class CohortShard:
     def prefetch(self, day: int) -> None:
         """Compute the world's values on ``day`` before anyone asks (:meth:`agents.world.World.prefetch`, here
         and now): a worker calls it right after sending a broadcast's answers, so it runs while the run's
-        process takes the reports in, and the next day's request finds them ready. Worlds with behaviors are
-        left alone (they keep state day to day)."""
+        process takes the reports in, and the next day's request finds them ready. Worlds with behaviors (state
+        from day to day) or with values from a data set are left alone, as World.prefetch leaves them."""
         self.world.prefetch(day, _run_now)
 
     def observe(self, day: int) -> None:
