@@ -103,6 +103,9 @@ class ReportCollector:
         self._names = {c.name for c in self.columns}
         self._bits_only = all(np.dtype(c.dtype) == np.uint8 and c.high == 1 for c in self.columns)
         self._kept_bytes = 0
+        #: digest inputs of stored round records computed ahead by a runtime (transcript.prepare_ahead), by
+        #: position in ``transcript``
+        self.digest_ahead: dict[int, tuple[Any, Any]] = {}
 
     # -------------------------------------------------------------------------------- protocol
     def validate(self, columns: dict[str, np.ndarray]) -> None:
@@ -274,7 +277,7 @@ class ReportCollector:
         if len(records) != rounds.size or (rounds.size > 1 and np.any(np.diff(rounds) <= 0)):
             raise snap.SnapshotError(f"stage {self.name!r}: {len(records)} records for {rounds.size} rounds")
         rows = (self.n_devices + 7) // 8 if self._bits_only else self.n_devices
-        self.transcript, self._kept_bytes = [], 0
+        self.transcript, self._kept_bytes, self.digest_ahead = [], 0, {}
         for rnd, rec in zip(rounds.tolist(), records):
             if not isinstance(rec, np.ndarray) or rec.dtype != np.uint8 or rec.shape != (rows, self.record_width()):
                 raise snap.SnapshotError(f"stage {self.name!r}: the record of round {rnd} has the wrong shape")

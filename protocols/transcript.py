@@ -23,8 +23,9 @@ collector accepted, not on cohort split, arrival order or runtime (simulated or 
 
 from __future__ import annotations
 
+import functools
 import hashlib
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -110,23 +111,18 @@ def stage_rows(stage: Any) -> int:
 
 def hash_stage(hasher: TranscriptHasher, name: str, stage: Any) -> None:
     """One collector stage: its header, then each stored round record (in memory, bit-packed or spilled).
-    A bit-packed record of a round every device answered is hashed as stored, with no unpacking."""
+    A bit-packed record of a round every device answered is hashed as stored, with no unpacking; the input of
+    one whose stage holds it computed ahead (:func:`prepare_ahead`, the same record) is taken from there."""
     cols = column_spec(stage.columns)
     bits = bit_columns(stage.columns)
     hasher.stage(name, cols, bits, stage_rows(stage))
     n = stage.n_devices
-    for rnd, record in stage.transcript:
+    ahead = getattr(stage, "digest_ahead", None) or {}
+    for i, (rnd, record) in enumerate(stage.transcript):
         if stage.bits_packed(record):  # (ceil(n/8), 1 + widths): presence, then each bit position, packed
-            presence = np.ascontiguousarray(record[:, 0])
-            everyone = int(np.bitwise_count(presence).sum()) == n
-            present = None if everyone else np.unpackbits(presence, count=n).view(bool)
-            packed = {}
-            for (c, _, w), at in zip(cols, _offsets(cols, 1, packed=True)):
-                if everyone:  # the stored bits are the present devices' bits, packed: hash them as they are
-                    packed[f"packed_{c}"] = record[:, at:at + w].T
-                else:
-                    packed[f"packed_{c}"] = [np.packbits(np.unpackbits(record[:, at + p], count=n).view(bool)[present])
-                                             for p in range(w)]
+            job = ahead.get(i)
+            presence, packed = job[1].result() if job is not None and job[0] is record else \
+                _packed_round(record, cols, n)
             hasher.round(rnd, presence, packed)
             continue
         rows = stage.record_rows(record, 0, n)  # (n, 1 + payload) bytes
@@ -137,6 +133,41 @@ def hash_stage(hasher: TranscriptHasher, name: str, stage: Any) -> None:
             size = np.dtype(dtype).itemsize * w
             values[c] = np.ascontiguousarray(sel[:, at:at + size]).view(np.dtype(dtype).newbyteorder("<"))
         hasher.round(rnd, present, values)
+
+
+def _packed_round(record: np.ndarray, cols: Sequence[tuple[str, str, int]], n: int
+                  ) -> tuple[np.ndarray, dict[str, Any]]:
+    """A bit-packed round record's input to :meth:`TranscriptHasher.round`: its packed presence, and each bit
+    position of each column packed over the present devices (the record's own bytes when everyone answered)."""
+    presence = np.ascontiguousarray(record[:, 0])
+    everyone = int(np.bitwise_count(presence).sum()) == n
+    present = None if everyone else np.unpackbits(presence, count=n).view(bool)
+    packed: dict[str, Any] = {}
+    for (c, _, w), at in zip(cols, _offsets(cols, 1, packed=True)):
+        if everyone:  # the stored bits are the present devices' bits, packed: hash them as they are
+            packed[f"packed_{c}"] = record[:, at:at + w].T
+        else:
+            packed[f"packed_{c}"] = [np.packbits(np.unpackbits(record[:, at + p], count=n).view(bool)[present])
+                                     for p in range(w)]
+    return presence, packed
+
+
+def prepare_ahead(stages: Sequence[tuple[str, Any]], submit: Callable[[Callable[[], Any]], Any]) -> None:
+    """Start computing the digest input of each stored bit-packed round record not prepared yet, as a job given
+    to ``submit`` (an executor's: another core), kept on its stage's ``digest_ahead`` (the record's position in
+    the stage's transcript -> (record, job))
+    for :func:`hash_stage`: a runtime calls it after each round, so the digest at the end of a run mostly
+    hashes. Records are not changed once stored; a record replaced (a restore) is prepared again or computed
+    at the end. Stages without ``digest_ahead`` are left alone."""
+    for _, stage in stages:
+        ahead = getattr(stage, "digest_ahead", None)
+        if ahead is None:
+            continue
+        cols, n = column_spec(stage.columns), int(stage.n_devices)
+        for i, (_, record) in enumerate(stage.transcript):
+            job = ahead.get(i)
+            if (job is None or job[0] is not record) and stage.bits_packed(record):
+                ahead[i] = (record, submit(functools.partial(_packed_round, record, cols, n)))
 
 
 def _offsets(cols: Sequence[tuple[str, str, int]], start: int, packed: bool = False) -> list[int]:

@@ -273,6 +273,52 @@ def test_digest_streams_with_bounded_memory():
     assert digest == tables.transcript_digest_of_table(_table_of(col))
 
 
+def test_digest_inputs_prepared_ahead_are_used_only_for_the_records_they_were_computed_from():
+    """transcript.prepare_ahead (a runtime calls it after each round, on another core): the digest equals the
+    one computed at the end; the prepared inputs are what the digest hashes (poisoned ones change it), and a
+    record replaced since is computed again rather than taken from a stale job, as is every record after a
+    restore."""
+    from concurrent.futures import Future, ThreadPoolExecutor
+
+    from protocols import transcript as canonical
+    from protocols.messages import ReportBatch
+
+    n = 1003  # not a multiple of 8
+    ids = np.arange(n, dtype=np.uint32)
+
+    def filled(submit=None) -> _Bits:
+        col = _Bits(n)
+        rng = np.random.default_rng(5)
+        for r in range(1, 8):
+            col.request(r, 0.0)
+            keep = ids if r == 3 else ids[rng.random(n) < 0.8]  # round 3: everyone answers
+            col.receive(ReportBatch(r, "bits", keep, {"bit": (rng.random(keep.size) < 0.5).astype(np.uint8)}))
+            col.close_round()
+            if submit is not None:
+                canonical.prepare_ahead(col.stages(), submit)
+        return col
+
+    plain = filled().transcript_digest()
+    with ThreadPoolExecutor(1) as pool:
+        ahead = filled(pool.submit)
+        assert sorted(ahead.digest_ahead) == list(range(7))  # every record prepared, once
+        assert ahead.transcript_digest() == plain
+
+    def poisoned(job):  # the job's inputs with the report bits flipped: not what the record holds
+        done: Future = Future()
+        presence, packed = job()
+        done.set_result((presence, {k: [np.bitwise_not(np.asarray(p)) for p in v] for k, v in packed.items()}))
+        return done
+
+    spoiled = filled(poisoned)
+    assert spoiled.transcript_digest() != plain  # the prepared inputs are the ones hashed
+    spoiled.transcript = [(r, record.copy()) for r, record in spoiled.transcript]  # other records: not used
+    assert spoiled.transcript_digest() == plain
+    spoiled = filled(poisoned)
+    spoiled.restore(spoiled.snapshot())  # a restore forgets what was prepared
+    assert spoiled.digest_ahead == {} and spoiled.transcript_digest() == plain
+
+
 def _table_of(col) -> pa.Table:
     """The transcript table of a bare collector, through the writer (a temporary file)."""
     import tempfile
