@@ -14,6 +14,7 @@ own processes would have at that simulated time. Digests therefore do not depend
 
 from __future__ import annotations
 
+import math
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Protocol
@@ -82,6 +83,12 @@ def decode_broadcast(raw: bytes) -> tuple[CollectionRequest | Decision | Thresho
     except wire.WireError:
         return None, True
     return (msg, False) if isinstance(msg, (CollectionRequest, Decision, Threshold)) else (None, False)
+
+
+def _deadline(raw: bytes) -> float:
+    """The deadline of the collector message ``raw`` (inf when it has none or is not one)."""
+    msg, _ = decode_broadcast(raw)
+    return float(msg.deadline) if msg is not None else math.inf
 
 
 def signed_ids(device_ids: np.ndarray) -> np.ndarray:
@@ -293,6 +300,9 @@ class ShardedCohorts:
         self.env, self.pool, self.world, self.network, self.ledger, self.send = env, pool, world, network, ledger, send
         self.inbox = _FanoutInbox(env, n_cohorts)
         self.rejected = 0  # collector messages the cohorts could not decode (one per cohort)
+        #: ``ahead(submit, on_time)``: called with the pool's ``submit`` once a broadcast's answers are recorded
+        #: and on the network, ``on_time`` the reports due before its deadline (the runner's RoundBook.ahead)
+        self.ahead: Callable[[Callable[..., Any], int], None] | None = None
         self.process = env.process(self.run())
 
     def observe(self, day: int) -> None:
@@ -301,8 +311,10 @@ class ShardedCohorts:
     def run(self):
         while True:
             raw = yield self.inbox.store.get()
-            answers, rejected = self.pool.answer(raw, self.world.day, float(self.env.now))
+            now = float(self.env.now)
+            answers, rejected = self.pool.answer(raw, self.world.day, now)
             self.rejected += rejected
+            on_time, deadline = 0, _deadline(raw)
             for ans in answers:  # in cohort order, as the cohorts' own processes would at this instant
                 # checked on the thread that answered (ThreadShards), or here
                 for entry in ans.entries if ans.entries is not None else map(self.ledger.check, ans.charges):
@@ -311,6 +323,9 @@ class ShardedCohorts:
                 self.network.traffic.reports_lost += ans.lost
                 for data, delay, reports in ans.sent:
                     self.network.transmit(data, delay, self.send, reports=reports)
+                    on_time += reports if now + delay < deadline else 0
             submit = getattr(self.pool, "submit", None)
             if submit is not None:  # the broadcast's charges are in: the round's spend figures, beside the reports
                 self.ledger.distribution_ahead(submit)
+                if self.ahead is not None:
+                    self.ahead(submit, on_time)

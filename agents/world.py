@@ -304,7 +304,7 @@ class World:
         world keeps serving its own day: a later :meth:`values` for ``day`` takes the twin's values (the same
         numbers: they are a pure function of the seed, the changes and the day). ``parts``: jobs that share the
         devices (one per thread of the executor: none of them waits alone for a long one), submitted after the
-        job that moves the twin to ``day``. Returns whether it started; worlds with behaviors (state from day to
+        job that moves the twin to ``day``; a twin's first levels are drawn in as many parts before it. Returns whether it started; worlds with behaviors (state from day to
         day) or with values from elsewhere are left alone. Only the background jobs touch the twin, and this world
         waits for them before anything else reads the twin."""
         if self._scripts or self._source is not None or day <= self.day:
@@ -316,16 +316,30 @@ class World:
         if ahead.day > day:
             return False
 
+        size = ahead.span[1] - ahead.span[0]
+        parts = max(1, min(int(parts), size))
+        # a twin without levels yet (the first day) draws them first, in parts too: jobs submitted in the
+        # order they wait for one another, so that no job waits on one still queued
+        held = submit(ahead._hold_start) if ahead._levels is None and parts > 1 else None
+
+        def draw(k: int) -> None:
+            assert held is not None
+            ahead._draw_levels(held.result(), ahead.span[0] + size * k // parts, ahead.span[0] + size * (k + 1) // parts)
+
+        drawn = [] if held is None else [submit(functools.partial(draw, k)) for k in range(parts)]
+
         def start() -> tuple | None:  # the twin at ``day``, and its kernel's arguments if it has to compute
+            if held is not None:
+                for job in drawn:
+                    job.result()
+                ahead._hold_finish(held.result())
             ahead.advance_to(day)
             return None if ahead._cache_day == day else ahead._kernel_args(day)
 
-        size = ahead.span[1] - ahead.span[0]
-        parts = max(1, min(int(parts), size))
         first = submit(start)
 
         def part(k: int) -> int:
-            args = first.result()  # submitted first, so already taken by a thread: no job waits on a queued one
+            args = first.result()  # submitted before, so already taken by a thread: no job waits on a queued one
             return 0 if args is None else int(_values_kernel_serial(*args, size * k // parts,
                                                                      size * (k + 1) // parts))
 
@@ -359,10 +373,18 @@ class World:
 
     def _hold(self) -> np.ndarray:
         """Build the per-device levels, sds and flags as of the changes applied so far (once)."""
-        if self._levels is not None:
-            return self._levels
+        if self._levels is None:
+            levels = self._hold_start()
+            self._draw_levels(levels, *self.span)
+            self._hold_finish(levels)
+        assert self._levels is not None
+        return self._levels
+
+    def _hold_start(self) -> np.ndarray:
+        """The per-device sds and flags of the groups, and the levels array, not yet drawn (:meth:`_hold` in
+        steps: :meth:`World.prefetch` draws the levels in parts, one on each thread)."""
         lo, hi = self.span
-        self._levels = np.empty(hi - lo, dtype=np.float64)
+        levels = np.empty(hi - lo, dtype=np.float64)
         self._sds = np.empty(hi - lo, dtype=np.float64)
         self.binary = np.zeros(hi - lo, dtype=np.bool_)  # Bernoulli counters: the level is the probability
         self.source = np.full(hi - lo, -1, dtype=np.int16)  # empirical data set of each device (-1: none)
@@ -374,15 +396,26 @@ class World:
             self._sds[a - lo:b - lo] = g.jitter_sd
             self.binary[a - lo:b - lo] = g.counter.kind == "bernoulli"
             self._set_source(slice(a - lo, b - lo), g.counter)
+        return levels
+
+    def _draw_levels(self, levels: np.ndarray, first: int, stop: int) -> None:
+        """The initial levels of devices first..stop-1 (held ones) into ``levels``: keyed draws, the same
+        whichever part of the span a call draws."""
+        lo = self.span[0]
+        for g in self.groups:
+            a, b = self._held_range(g.name)
+            a, b = max(a, first), min(b, stop)
             for start in range(a, b, _CHUNK):  # keyed draws: the same in chunks, with bounded temporaries
-                stop = min(start + _CHUNK, b)
-                self._levels[start - lo:stop - lo] = g.counter.sample(stream_key(self.seed, Purpose.LEVEL, 0),
-                                                                      np.arange(start, stop, dtype=np.int64),
-                                                                      self.max_value)
+                end = min(start + _CHUNK, b)
+                levels[start - lo:end - lo] = g.counter.sample(stream_key(self.seed, Purpose.LEVEL, 0),
+                                                              np.arange(start, end, dtype=np.int64), self.max_value)
+
+    def _hold_finish(self, levels: np.ndarray) -> None:
+        """The levels drawn: held from now on, with the changes applied so far redrawn over them."""
+        self._levels = levels
         for number in range(1, self._applied + 1):
             self._redraw(number)
         self._plain = self._is_plain()
-        return self._levels
 
     def _is_plain(self) -> bool:
         """Whether no held device is binary, reads a data set or is shaped by a behavior (the values kernel's

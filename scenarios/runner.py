@@ -24,6 +24,7 @@ from collector import spill
 from collector.hostile import Hostility
 from collector.network import Network
 from collector.process import CollectorProcess
+from protocols import transcript as canonical
 from protocols.ledger import Ledger
 from scenarios import attacks
 from scenarios.metrics import round_metrics
@@ -151,6 +152,8 @@ def _run(sc: Scenario, t0: float, slices: list[tuple[int, int]], workers: int, p
              cohorts=len(slices), workers=workers, round_epsilon=sc.protocol.round_epsilon)
 
     book = RoundBook(sc, world, ledger, protocol, log)
+    if pool is not None:
+        sharded.ahead = book.ahead
 
     def new_day(r: int, honest: bool = True):
         """Wait for round r's start; the world moves to it and the devices look at their counters."""
@@ -164,6 +167,8 @@ def _run(sc: Scenario, t0: float, slices: list[tuple[int, int]], workers: int, p
         for cohort in observers:
             cohort.observe(r)
 
+    submit = getattr(pool, "submit", None)
+
     def clock():
         for r in range(1, sc.rounds + 1):
             yield from new_day(r)
@@ -173,6 +178,8 @@ def _run(sc: Scenario, t0: float, slices: list[tuple[int, int]], workers: int, p
             book.before_collect(t)
             result = yield env.process(collector.run_round(t))
             book.close(t, result, env.now, collector.stats.rejected)
+            if submit is not None and hasattr(protocol, "stages"):  # the digest's inputs, beside the next round
+                canonical.prepare_ahead(protocol.stages(), submit)
             if progress is not None:
                 progress(r, sc.rounds)
         for t in collector.hostility.extra_rounds(sc.collections):  # a hostile collector asking for more
@@ -220,6 +227,24 @@ class RoundBook:
         # [analysis] attacks: a copy of every device's true value per collection round (scenarios/attacks.py)
         keep = sc.attacks and attacks.not_applicable(sc.protocol) is None
         self.true_values = np.full((sc.devices, sc.collections), np.nan) if keep else None
+        self._ahead: tuple[int, int, Any] | None = None  # (day, reports, future of (truth, sd)): see ahead
+
+    def ahead(self, submit: Callable[..., Any], reports: int) -> None:
+        """Start computing the open round's truth and estimate sd (the protocol's ``truth``, ``estimate_sd``) as
+        a job given to ``submit`` (another core), expecting ``reports`` reports: the runtime's thread takes the
+        reports in meanwhile. :meth:`close` takes the job's figures only if the round closes on the same day
+        with that many reports; else it computes them itself, so the figures never depend on this call. The
+        job reads the day's values, which no one writes once computed."""
+        self._ahead = None
+        if self.kind == "epoch" or self.world.counters is not None:  # several counters: values() computes them
+            return
+        values, _ = self.world.values(self.all_ids)
+        protocol = self.sc.protocol
+
+        def figures() -> tuple[Any, Any]:
+            return protocol.truth(values), protocol.estimate_sd(values, reports) if reports else math.nan
+
+        self._ahead = (self.world.day, int(reports), submit(figures))
 
     def advance_day(self, day: int) -> None:
         for change in self.world.advance_to(day):
@@ -245,8 +270,12 @@ class RoundBook:
             self._levels.clear()
             sd = sc.protocol.estimate_sd(self.world.levels, result.reports) if result.reports else math.nan
         else:
-            truth = sc.protocol.truth(values)
-            sd = sc.protocol.estimate_sd(values, result.reports) if result.reports else math.nan
+            ahead, self._ahead = self._ahead, None
+            if ahead is not None and ahead[:2] == (self.world.day, result.reports):
+                truth, sd = ahead[2].result()
+            else:
+                truth = sc.protocol.truth(values)
+                sd = sc.protocol.estimate_sd(values, result.reports) if result.reports else math.nan
         rec = RoundRecord(t, now, truth, result.estimate, result.reports, clipped, sd, result.info)
         self.records.append(rec)
         spend = self.ledger.close_round(t, now)

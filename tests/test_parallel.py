@@ -23,6 +23,9 @@ def _same_run(a: tuple[dict, runner.RunResult], b: tuple[dict, runner.RunResult]
     assert ra.guards == rb.guards and ra.device_rejected == rb.device_rejected
     assert ra.ledger.history == rb.ledger.history
     assert np.array_equal(ra.ledger.spend, rb.ledger.spend)
+    for x, y in zip(ra.rounds, rb.rounds, strict=True):  # the truth and its sd, whichever thread computed them
+        np.testing.assert_array_equal(np.asarray(x.truth), np.asarray(y.truth))
+        np.testing.assert_array_equal(np.asarray(x.sd_theory), np.asarray(y.sd_theory))
 
 
 @pytest.mark.parametrize("name, extra", [
@@ -213,11 +216,22 @@ def test_threads_stream_answers_and_compute_the_next_day_ahead_without_changing_
     net = ("network.loss=0.1", "network.jitter=600", "network.deadline=900")
     one = _run("app_usage_31d", 1, 300, "simulation.threads=1", *net)
     monkeypatch.setattr(runner, "available_cores", lambda: cores)
+    guessed: list[bool] = []  # whether each round's truth and sd were computed ahead for its reports
+    close = runner.RoundBook.close
+
+    def counted(self, t, result, *args):
+        guessed.append(self._ahead is not None and self._ahead[:2] == (self.world.day, result.reports))
+        return close(self, t, result, *args)
+
+    monkeypatch.setattr(runner.RoundBook, "close", counted)
     for threads in (2, 3):
+        guessed.clear()
         got = _run("app_usage_31d", 1, 300, f"simulation.threads={threads}", *net)
         _same_run(one, got)
         assert got[0]["reports"]["lost"] > 0 and got[0]["messages"]["late"] > 0
         assert (got[1].world._ahead is not None) == (cores > 1)
+        # on a spare core every round's figures were computed ahead, for the reports due before the deadline
+        assert guessed == [cores > 1] * got[1].scenario.rounds
 
 
 def test_a_world_asked_for_another_day_than_it_computed_ahead_computes_that_day_itself():
@@ -265,3 +279,82 @@ def test_cohorts_answered_by_threads_count_a_garbled_broadcast_once_per_cohort(t
         assert rejected == 0 and all(not a.sent for a in answers)
     finally:
         pool.close()
+
+
+def test_round_figures_computed_ahead_are_taken_only_for_the_day_and_reports_they_assumed():
+    """RoundBook.ahead (a runtime starts it once a broadcast's answers are out, on another core, guessing the
+    reports due before the deadline): close takes the job's truth and sd only when the round closes on the
+    same day with that many reports; otherwise it computes them, so the figures never depend on the guess."""
+    from concurrent.futures import Future, ThreadPoolExecutor
+
+    from agents.world import World
+    from protocols.base import RoundResult
+    from protocols.ledger import Ledger
+
+    class Log:
+        def info(self, *args, **kwargs):
+            pass
+
+    sc = schema.load("quickstart", ["population.devices=500"])
+    world = World(sc.seed, sc.devices, sc.groups, sc.changes, sc.protocol.max_value)
+    book = runner.RoundBook(sc, world, Ledger(sc.devices), sc.protocol.make_collector(sc.devices), Log())
+
+    def poisoned(job):  # figures no protocol computes: seen in the record only if the job's are taken
+        done: Future = Future()
+        done.set_result((1e9, -1.0))
+        return done
+
+    def own(reports):
+        values = world.values(np.arange(sc.devices))[0]
+        return sc.protocol.truth(values), sc.protocol.estimate_sd(values, reports)
+
+    world.advance_to(1)
+    book.ahead(poisoned, 480)
+    rec = book.close(1, RoundResult(1, 0.5, 480), 10.0, 0)
+    assert (rec.truth, rec.sd_theory) == (1e9, -1.0)  # the guess held: the job's figures
+    book.ahead(poisoned, 480)
+    rec = book.close(2, RoundResult(2, 0.5, 479), 20.0, 0)  # a report fewer than guessed
+    assert (rec.truth, rec.sd_theory) == own(479)
+    book.ahead(poisoned, 480)
+    world.advance_to(2)  # the round closes on another day than the job read
+    rec = book.close(3, RoundResult(3, 0.5, 480), 30.0, 0)
+    assert (rec.truth, rec.sd_theory) == own(480)
+    rec = book.close(4, RoundResult(4, 0.5, 480), 40.0, 0)  # no job: computed
+    assert (rec.truth, rec.sd_theory) == own(480)
+    with ThreadPoolExecutor(1) as pool:  # a real job: the very figures close computes
+        book.ahead(pool.submit, 470)
+        assert book._ahead is not None
+        rec = book.close(5, RoundResult(5, 0.5, 470), 50.0, 0)
+    assert (rec.truth, rec.sd_theory) == own(470)
+
+
+@pytest.mark.parametrize("parts", [1, 2, 3])
+def test_a_twin_draws_its_first_levels_in_parts_as_the_world_would(parts, monkeypatch):
+    """Threads prefetch the first day before the run's world holds anything: the twin draws the devices' levels
+    in ``parts`` jobs (one per thread), then the day's values. They equal the world's own, day after day,
+    a change on the first day and a redrawn fraction of a group included."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from agents.world import World
+
+    sc = schema.load("app_usage_31d", ["population.devices=3001", "rounds=24", "changes.0.round=1"])
+    drawn: list[tuple[int, int]] = []
+    draw = World._draw_levels
+    monkeypatch.setattr(World, "_draw_levels", lambda self, levels, a, b: drawn.append((a, b)) or draw(self, levels, a, b))
+    ahead = World(sc.seed, sc.devices, sc.groups, sc.changes, sc.protocol.max_value)
+    plain = World(sc.seed, sc.devices, sc.groups, sc.changes, sc.protocol.max_value)
+    ids = np.arange(sc.devices)
+    with ThreadPoolExecutor(parts) as pool:
+        assert ahead.prefetch(1, pool.submit, parts=parts)
+        for day in range(1, sc.rounds + 1):
+            ahead.advance_to(day)
+            plain.advance_to(day)
+            va, ca = ahead.values(ids)
+            vp, cp = plain.values(ids)
+            assert np.array_equal(va, vp) and ca == cp, day
+            assert ahead.prefetch(day + 1, pool.submit, parts=parts)
+        ahead.settle()
+    assert ahead._levels is None  # the world itself never drew: its twin did
+    # the twin's draw in parts covering the population once (parts = 1: the twin's own _hold, in one call)
+    first = drawn[:parts] if parts > 1 else drawn[:1]
+    assert sorted(first) == [(sc.devices * k // parts, sc.devices * (k + 1) // parts) for k in range(parts)]
