@@ -59,8 +59,9 @@ ERROR_OF = {"mean": "of each round's mean counter, in the counter's units",
             "counters": "of each round's mean of each counter, in the counters' units"}
 
 #: devices x rounds from which ``ldpsim run`` draws the run directory's pictures in a process of its own, started
-#: when the run begins (scenarios/plot_process.py): it imports matplotlib while the run simulates and draws
-#: while this process writes the tables
+#: when the run begins (scenarios/plot_process.py): it imports matplotlib while this process imports and
+#: simulates (at the lowest priority: only on cores the run leaves idle) and draws while this process writes
+#: the tables
 PLOT_PROCESS = 10_000_000
 
 
@@ -86,18 +87,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise ScenarioError(f"--out {out}: cannot create the run directory: {exc.strerror or exc}") from None
     clear_previous_run(out)
-
-    from scenarios import output, runner  # heavy imports after the arguments are known to be good
-
-    print(f"ldpsim: {scenario.name}: {scenario.devices:,} devices x {scenario.rounds} rounds, "
-          f"{scenario.protocol.name} (eps = {scenario.protocol.epsilon:g}) -> {out}", file=sys.stderr)
-    update, close = _progress_bar(scenario.rounds, not args.quiet)
     painter = None
-    if scenario.devices * scenario.rounds >= PLOT_PROCESS:
+    if scenario.devices * scenario.rounds >= PLOT_PROCESS:  # first: it imports while this process does
         from scenarios import plot_process
 
         painter = plot_process.start()
     try:
+        from scenarios import output, runner  # heavy imports after the arguments are known to be good
+
+        print(f"ldpsim: {scenario.name}: {scenario.devices:,} devices x {scenario.rounds} rounds, "
+              f"{scenario.protocol.name} (eps = {scenario.protocol.epsilon:g}) -> {out}", file=sys.stderr)
+        update, close = _progress_bar(scenario.rounds, not args.quiet)
         with open(out / "events.jsonl", "w", encoding="utf-8") as events:
             result = runner.run(scenario, events=events, progress=update, engine=engine)
         close()

@@ -3,9 +3,10 @@
 matplotlib holds Python's GIL while it draws, so in the run's process the two pictures of a large run
 (estimates.png, spend.png: about a second) wait for, and slow down, the table writer and the digests.
 ``ldpsim run`` therefore starts a :class:`PlotProcess` when the run begins: the child imports matplotlib
-(scenarios/plots.py) while the run simulates, then draws each picture it is sent with the very function and
-arguments the run's process would have called, writing it atomically (``plots.save``: a temporary name,
-then a rename). Requests and replies are length-prefixed msgpack frames over the child's stdin and stdout,
+(scenarios/plots.py) while the run imports and simulates, in a thread of the lowest CPU priority (on Linux),
+so that it takes only the cores the run leaves idle; then it draws each picture it is sent with the very
+function and arguments the run's process would have called, writing it atomically (``plots.save``: a
+temporary name, then a rename). Requests and replies are length-prefixed msgpack frames over the child's stdin and stdout,
 numpy arrays as (dtype, shape, bytes); nothing is pickled.
 
 If the child cannot be started, or dies, the pictures it has not drawn are drawn in the run's process
@@ -172,9 +173,32 @@ def start() -> PlotProcess:
     return PlotProcess()
 
 
+def _import_quietly() -> None:
+    """Import matplotlib (scenarios/plots.py) in a thread of the lowest CPU priority, so that it takes only the
+    cores the run leaves idle. Linux only, where a nice value belongs to a thread: the thread drawing later
+    keeps the process's own."""
+    import threading
+
+    def low() -> None:
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        except OSError:
+            pass
+        try:
+            from scenarios import plots  # noqa: F401
+        except Exception:  # noqa: BLE001 - the drawing thread imports it again and reports the error
+            pass
+
+    if sys.platform.startswith("linux"):
+        thread = threading.Thread(target=low, name="ldpsim-import-matplotlib", daemon=True)
+        thread.start()
+        thread.join()
+
+
 def serve(stdin: BinaryIO, stdout: BinaryIO, draw: Callable[[str, Path, list[Any]], None] = _draw) -> int:
     """The child's loop: import matplotlib, then draw each request and reply with its seconds or its error,
     until the end of input."""
+    _import_quietly()
     from scenarios import plots  # noqa: F401  (matplotlib, imported while the run simulates)
 
     while True:

@@ -4,6 +4,7 @@ in-process, a child that dies leaves nothing undrawn, a picture that fails is an
 from __future__ import annotations
 
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -108,3 +109,27 @@ def test_pictures_pending_when_a_later_request_finds_the_child_gone_are_drawn_he
     painter.close()
     assert (tmp_path / "a.png").read_bytes().startswith(PNG) and (tmp_path / "b.png").read_bytes().startswith(PNG)
     assert "a.png" in seconds
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are Linux's")
+def test_the_child_imports_matplotlib_at_the_lowest_priority_and_draws_at_its_own():
+    """The child's import runs in a thread of nice 19 (it takes only the cores the run leaves idle); the thread
+    that draws afterwards keeps the process's priority."""
+    import threading
+
+    seen: list[int] = []
+    real = plot_process.os.setpriority
+
+    def spy(which, who, prio):
+        seen.append(who)
+        real(which, who, prio)
+
+    before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    plot_process.os.setpriority = spy
+    try:
+        plot_process._import_quietly()
+    finally:
+        plot_process.os.setpriority = real
+    assert "scenarios.plots" in sys.modules
+    assert seen and seen[0] != threading.get_native_id()  # another thread's priority, not this one's
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before
