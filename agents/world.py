@@ -304,9 +304,10 @@ class World:
         world keeps serving its own day: a later :meth:`values` for ``day`` takes the twin's values (the same
         numbers: they are a pure function of the seed, the changes and the day). ``parts``: jobs that share the
         devices (one per thread of the executor: none of them waits alone for a long one), submitted after the
-        job that moves the twin to ``day``; a twin's first levels are drawn in as many parts before it. Returns whether it started; worlds with behaviors (state from day to
-        day) or with values from elsewhere are left alone. Only the background jobs touch the twin, and this world
-        waits for them before anything else reads the twin."""
+        job that moves the twin to ``day``; a twin's first levels are drawn in as many parts before it. Returns
+        whether it started; worlds with behaviors (state from day to day) or with values from elsewhere are left
+        alone. Only the background jobs touch the twin, and this world waits for them before anything else reads
+        the twin."""
         if self._scripts or self._source is not None or day <= self.day:
             return False
         self.settle()
@@ -324,7 +325,8 @@ class World:
 
         def draw(k: int) -> None:
             assert held is not None
-            ahead._draw_levels(held.result(), ahead.span[0] + size * k // parts, ahead.span[0] + size * (k + 1) // parts)
+            lo = ahead.span[0]
+            ahead._draw_levels(held.result(), lo + size * k // parts, lo + size * (k + 1) // parts)
 
         drawn = [] if held is None else [submit(functools.partial(draw, k)) for k in range(parts)]
 

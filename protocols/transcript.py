@@ -30,6 +30,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 MAGIC = b"ldpsim-transcript/2\n"
+#: bytes of bit-packed records per stage whose digest inputs :func:`prepare_ahead` prepares (and keeps)
+AHEAD_BYTES = 64 << 20
 
 
 def column_spec(columns: Iterable[Any]) -> list[tuple[str, str, int]]:
@@ -155,18 +157,24 @@ def _packed_round(record: np.ndarray, cols: Sequence[tuple[str, str, int]], n: i
 def prepare_ahead(stages: Sequence[tuple[str, Any]], submit: Callable[[Callable[[], Any]], Any]) -> None:
     """Start computing the digest input of each stored bit-packed round record not prepared yet, as a job given
     to ``submit`` (an executor's: another core), kept on its stage's ``digest_ahead`` (the record's position in
-    the stage's transcript -> (record, job))
-    for :func:`hash_stage`: a runtime calls it after each round, so the digest at the end of a run mostly
-    hashes. Records are not changed once stored; a record replaced (a restore) is prepared again or computed
-    at the end. Stages without ``digest_ahead`` are left alone."""
+    the stage's transcript -> (record, job)) for :func:`hash_stage`: a runtime calls it after each round, so
+    the digest at the end of a run mostly hashes. An input is about the size of its record and is kept with
+    the collector, so a stage prepares records up to :data:`AHEAD_BYTES` of them; the rest are computed at the
+    end. Records are not changed once stored; a record replaced (a restore) is prepared again or computed at
+    the end. Stages without ``digest_ahead`` are left alone."""
     for _, stage in stages:
         ahead = getattr(stage, "digest_ahead", None)
         if ahead is None:
             continue
-        cols, n = column_spec(stage.columns), int(stage.n_devices)
+        cols, n, kept = column_spec(stage.columns), int(stage.n_devices), 0
         for i, (_, record) in enumerate(stage.transcript):
+            if not stage.bits_packed(record):
+                continue
+            kept += record.nbytes
+            if kept > AHEAD_BYTES:
+                break
             job = ahead.get(i)
-            if (job is None or job[0] is not record) and stage.bits_packed(record):
+            if job is None or job[0] is not record:
                 ahead[i] = (record, submit(functools.partial(_packed_round, record, cols, n)))
 
 

@@ -152,7 +152,7 @@ def _run(sc: Scenario, t0: float, slices: list[tuple[int, int]], workers: int, p
              cohorts=len(slices), workers=workers, round_epsilon=sc.protocol.round_epsilon)
 
     book = RoundBook(sc, world, ledger, protocol, log)
-    if pool is not None:
+    if isinstance(pool, ThreadShards):  # (worker processes' values come in a buffer the next day reuses)
         sharded.ahead = book.ahead
 
     def new_day(r: int, honest: bool = True):
@@ -235,7 +235,7 @@ class RoundBook:
         reports in meanwhile. :meth:`close` takes the job's figures only if the round closes on the same day
         with that many reports; else it computes them itself, so the figures never depend on this call. The
         job reads the day's values, which no one writes once computed."""
-        self._ahead = None
+        self._drop_ahead()
         if self.kind == "epoch" or self.world.counters is not None:  # several counters: values() computes them
             return
         values, _ = self.world.values(self.all_ids)
@@ -245,6 +245,14 @@ class RoundBook:
             return protocol.truth(values), protocol.estimate_sd(values, reports) if reports else math.nan
 
         self._ahead = (self.world.day, int(reports), submit(figures))
+
+    def _drop_ahead(self) -> None:
+        """Forget the figures computed ahead, cancelling the job if it has not started (a later broadcast of the
+        round, or a guess that did not hold)."""
+        ahead, self._ahead = self._ahead, None
+        cancel = getattr(ahead[2], "cancel", None) if ahead is not None else None
+        if cancel is not None:
+            cancel()
 
     def advance_day(self, day: int) -> None:
         for change in self.world.advance_to(day):
@@ -270,10 +278,12 @@ class RoundBook:
             self._levels.clear()
             sd = sc.protocol.estimate_sd(self.world.levels, result.reports) if result.reports else math.nan
         else:
-            ahead, self._ahead = self._ahead, None
+            ahead = self._ahead
             if ahead is not None and ahead[:2] == (self.world.day, result.reports):
+                self._ahead = None
                 truth, sd = ahead[2].result()
             else:
+                self._drop_ahead()
                 truth = sc.protocol.truth(values)
                 sd = sc.protocol.estimate_sd(values, result.reports) if result.reports else math.nan
         rec = RoundRecord(t, now, truth, result.estimate, result.reports, clipped, sd, result.info)

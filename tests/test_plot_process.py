@@ -112,24 +112,21 @@ def test_pictures_pending_when_a_later_request_finds_the_child_gone_are_drawn_he
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are Linux's")
-def test_the_child_imports_matplotlib_at_the_lowest_priority_and_draws_at_its_own():
+def test_the_child_imports_matplotlib_at_the_lowest_priority_and_draws_at_its_own(monkeypatch):
     """The child's import runs in a thread of nice 19 (it takes only the cores the run leaves idle); the thread
     that draws afterwards keeps the process's priority."""
     import threading
 
-    seen: list[int] = []
-    real = plot_process.os.setpriority
+    seen: list[tuple[int, int]] = []
+    real = os.setpriority
 
     def spy(which, who, prio):
-        seen.append(who)
+        seen.append((who, prio))
         real(which, who, prio)
 
     before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-    plot_process.os.setpriority = spy
-    try:
-        plot_process._import_quietly()
-    finally:
-        plot_process.os.setpriority = real
-    assert "scenarios.plots" in sys.modules
-    assert seen and seen[0] != threading.get_native_id()  # another thread's priority, not this one's
+    monkeypatch.setattr(plot_process.os, "setpriority", spy)
+    plot_process._import_quietly()
+    assert len(seen) == 1 and seen[0][1] == 19
+    assert seen[0][0] not in (0, threading.get_native_id(), os.getpid())  # another thread's priority
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before

@@ -310,6 +310,10 @@ def test_digest_inputs_prepared_ahead_are_used_only_for_the_records_they_were_co
         done.set_result((presence, {k: [np.bitwise_not(np.asarray(p)) for p in v] for k, v in packed.items()}))
         return done
 
+    with pytest.MonkeyPatch.context() as mp, ThreadPoolExecutor(1) as pool:  # a budget of three records' bytes
+        mp.setattr(canonical, "AHEAD_BYTES", 3 * ((n + 7) // 8) * 2)
+        ahead = filled(pool.submit)
+        assert sorted(ahead.digest_ahead) == [0, 1, 2] and ahead.transcript_digest() == plain
     spoiled = filled(poisoned)
     assert spoiled.transcript_digest() != plain  # the prepared inputs are the ones hashed
     spoiled.transcript = [(r, record.copy()) for r, record in spoiled.transcript]  # other records: not used
