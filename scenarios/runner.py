@@ -8,6 +8,7 @@ collector closes the round into an estimate, and the per-round spend distributio
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from dataclasses import dataclass, field
@@ -239,12 +240,12 @@ class RoundBook:
         if self.kind == "epoch" or self.world.counters is not None:  # several counters: values() computes them
             return
         values, _ = self.world.values(self.all_ids)
+        self._ahead = (self.world.day, int(reports), submit(functools.partial(self._figures, values, reports)))
+
+    def _figures(self, values: np.ndarray, reports: int) -> tuple[Any, Any]:
+        """The round's truth and the estimate's theoretical sd for ``reports`` reports (NaN for none)."""
         protocol = self.sc.protocol
-
-        def figures() -> tuple[Any, Any]:
-            return protocol.truth(values), protocol.estimate_sd(values, reports) if reports else math.nan
-
-        self._ahead = (self.world.day, int(reports), submit(figures))
+        return protocol.truth(values), protocol.estimate_sd(values, reports) if reports else math.nan
 
     def _drop_ahead(self) -> None:
         """Forget the figures computed ahead, cancelling the job if it has not started (a later broadcast of the
@@ -284,8 +285,7 @@ class RoundBook:
                 truth, sd = ahead[2].result()
             else:
                 self._drop_ahead()
-                truth = sc.protocol.truth(values)
-                sd = sc.protocol.estimate_sd(values, result.reports) if result.reports else math.nan
+                truth, sd = self._figures(values, result.reports)
         rec = RoundRecord(t, now, truth, result.estimate, result.reports, clipped, sd, result.info)
         self.records.append(rec)
         spend = self.ledger.close_round(t, now)
