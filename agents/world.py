@@ -428,7 +428,10 @@ class World:
         """The ``number``-th change (1-based, in round order) applied to the held devices it hits."""
         ch = self.changes[number - 1]
         ids = self.affected(number, held=True)
-        at = ids - self.span[0]
+        lo = self.span[0]
+        # increasing ids: a run of consecutive ones (a whole group) is a slice, not an index array
+        at = slice(int(ids[0]) - lo, int(ids[-1]) - lo + 1) if ids.size and ids[-1] - ids[0] + 1 == ids.size \
+            else ids - lo
         if ch.counter is not None:
             self.binary[at] = ch.counter.kind == "bernoulli"
             self._set_source(at, ch.counter)
