@@ -81,6 +81,53 @@ def _increasing(ids):  # pragma: no cover (compiled)
 
 
 @nb.njit(cache=True, nogil=True)
+def _tally(x, limit):  # pragma: no cover (compiled)
+    """The distinct values of ``x`` (float64) with how many times each occurs, in order of first appearance, in
+    one pass over an open-addressing table keyed by the values' bits (-0.0 counted as 0.0); (empty, empty, False)
+    as soon as more than ``limit`` values are distinct or one is NaN. O(len(x)), where np.unique sorts."""
+    cap = 2
+    while cap < 2 * (limit + 1):
+        cap *= 2
+    shift, mask = np.uint64(64 - int(np.log2(cap))), cap - 1
+    keys = np.empty(cap, np.uint64)
+    counts = np.zeros(cap, np.int64)
+    first = np.empty(limit + 1, np.int64)  # the slots in order of first appearance
+    bits = x.view(np.uint64)
+    distinct, last_bits, last_slot = 0, np.uint64(0), np.int64(-1)
+    for i in range(x.shape[0]):
+        v = x[i]
+        if v != v:
+            return np.empty(0), np.empty(0, np.int64), False
+        b = bits[i] if v != 0.0 else np.uint64(0)
+        if last_slot >= 0 and b == last_bits:  # runs of equal values (a cohort charged alike): no probe
+            counts[last_slot] += 1
+            continue
+        h = np.int64((b * np.uint64(0x9E3779B97F4A7C15)) >> shift)
+        while counts[h] != 0 and keys[h] != b:
+            h = (h + 1) & mask
+        if counts[h] == 0:
+            if distinct == limit:
+                return np.empty(0), np.empty(0, np.int64), False
+            keys[h] = b
+            first[distinct] = h
+            distinct += 1
+        counts[h] += 1
+        last_bits, last_slot = b, h
+    slots = first[:distinct]
+    return keys[slots].view(np.float64), counts[slots], True
+
+
+def distinct_counts(x: np.ndarray, limit: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """``np.unique(x, return_counts=True)`` of a float64 array in one pass (:func:`_tally`), or None when more
+    than ``limit`` values are distinct or one is NaN."""
+    values, counts, ok = _tally(np.ascontiguousarray(x, dtype=np.float64), int(limit))
+    if not ok:
+        return None
+    order = np.argsort(values, kind="stable")
+    return values[order], counts[order]
+
+
+@nb.njit(cache=True, nogil=True)
 def _add_at(target, ids, amount):  # pragma: no cover (compiled)
     """target[ids] += amount for distinct ``ids`` (no temporaries)."""
     for i in range(ids.shape[0]):
@@ -102,7 +149,8 @@ class _SpendOrder:
     order statistics cost no pass over the devices. Spend is a sum of a protocol's few charge amounts, so it
     takes few distinct values (1BitRRPM: one per pattern width); past :attr:`LIMIT` of them the multiset is
     given up for the run and the quantiles are numpy's selection on the spend. A round that charges more drops
-    it; it is rebuilt by one np.unique the next time few devices are charged."""
+    it; it is rebuilt at that round's close by one pass over the spend (:func:`distinct_counts`, 4-5x cheaper
+    than np.quantile's selection)."""
 
     LIMIT = 1 << 16  # distinct spend values beyond which np.quantile on the spend is cheaper
 
@@ -132,7 +180,6 @@ class _SpendOrder:
     def sorted(self, spend: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
         """(distinct values, cumulative counts) of the spend, or None when this round charged too many devices
         or the spend holds too many distinct values (np.quantile instead)."""
-        many = self.count > self.n // 8
         self.count = 0
         if self.values is not None and not self.fresh:
             old, new = np.concatenate(self.old), np.concatenate(self.new)
@@ -151,10 +198,12 @@ class _SpendOrder:
             self.values, self.counts = merged[keep], counts[keep]
             if self.values.size > self.LIMIT:
                 self.values, self.too_many = None, True
-        elif self.values is None and not many and not self.too_many:
-            self.values, self.counts = np.unique(spend, return_counts=True)
-            if self.values.size > self.LIMIT:
-                self.values, self.too_many = None, True
+        elif self.values is None and not self.too_many:  # one pass: cheaper than np.quantile's selection
+            tally = distinct_counts(spend, self.LIMIT)
+            if tally is None:
+                self.too_many = True
+            else:
+                self.values, self.counts = tally
         self.fresh = True
         return None if self.values is None else (self.values, np.cumsum(self.counts))
 

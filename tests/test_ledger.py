@@ -150,6 +150,38 @@ def test_the_spend_distribution_kept_in_order_equals_numpy_quantiles_round_after
     assert kept > 100  # the kept order was exercised, not only numpy's fallback
 
 
+def test_distinct_counts_is_numpys_unique_in_one_pass():
+    """protocols.ledger.distinct_counts (the spend multiset's rebuild) equals np.unique with counts, merges -0.0
+    with 0.0, and gives up (None) past its limit or on a NaN."""
+    from protocols.ledger import distinct_counts
+
+    rng = np.random.default_rng(3)
+    cases = [np.zeros(0), np.array([2.5]), rng.choice([0.0, 0.5, 1 / 3, 2.0], 5000),
+             np.repeat(rng.random(300), rng.integers(1, 20, 300)), rng.random(1000) * 1e-300]
+    for x in cases:
+        got = distinct_counts(x, 1 << 16)
+        assert got is not None
+        values, counts = np.unique(x, return_counts=True)
+        assert np.array_equal(got[0], values) and np.array_equal(got[1], counts)
+    got = distinct_counts(np.array([0.0, -0.0, 1.0, -0.0]), 8)
+    assert got is not None and got[0].tolist() == [0.0, 1.0] and got[1].tolist() == [3, 1]
+    x = rng.choice(np.arange(41) / 7, 2000)
+    assert distinct_counts(x, 41) is not None and distinct_counts(x, 40) is None
+    assert distinct_counts(np.array([1.0, np.nan]), 8) is None
+
+
+def test_a_round_that_charges_everyone_rebuilds_the_spend_multiset_at_its_close():
+    """The multiset is dropped while a round charges more than an eighth of the devices and rebuilt at that
+    round's close, so the next round's figures come from it (not from numpy's selection on the spend)."""
+    from protocols.ledger import Charge, Ledger
+
+    ledger = Ledger(1000)
+    ledger.record(Charge(1, 0.0, "x", 0.5, np.arange(1000)))
+    assert ledger._order.values is None
+    h = ledger.close_round(1, 0.0)
+    assert ledger._order.values is not None and ledger._order.values.tolist() == [0.5] and h["p50"] == 0.5
+
+
 class _Deferred:
     """A job handed to ``submit`` that runs when its result is first asked for, keeping the spend it saw:
     shows when the ledger waits for the job, not only what the job returns."""
