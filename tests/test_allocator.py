@@ -34,9 +34,9 @@ print(json.dumps({"tuned": tuned, "faults": faults}))
 PAGES = 40 * (1 << 20) // 4096  # the pages one round touches
 
 
-def probe(mode: str, **env: str) -> dict:
+def probe(mode: str, code: str = PROBE, **env: str) -> dict:
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "GLIBC_TUNABLES", "LDPSIM_MALLOC"))}
-    out = subprocess.run([sys.executable, "-c", PROBE, mode], cwd=ROOT, env={**clean, **env}, check=True,
+    out = subprocess.run([sys.executable, "-c", code, mode], cwd=ROOT, env={**clean, **env}, check=True,
                          capture_output=True, text=True)
     return json.loads(out.stdout)
 
@@ -46,6 +46,50 @@ def test_tuned_process_reuses_freed_memory_without_page_faults():
     assert got["tuned"] is True
     assert got["faults"][0] >= PAGES // 2  # the first round maps its memory
     assert max(got["faults"][1:]) < PAGES // 20  # later rounds reuse it
+
+
+#: a day's values handed between threads: one thread allocates and writes 24 MiB, the main thread frees it,
+#: another thread allocates as much; how much the process grew meanwhile (bytes)
+HANDOVER = """
+import json, resource, sys, threading
+import numpy as np
+from scenarios import allocator
+tuned = allocator.tune()
+if sys.argv[1] == "arena per thread":  # the control: the settings, but glibc's heap per thread
+    import ctypes
+    ctypes.CDLL("libc.so.6").mallopt(allocator.M_ARENA_MAX, 8)
+def resident():  # bytes of the process in memory
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+box, done = {}, threading.Event()
+def make():  # a thread that stays alive (a pool's), with its own heap when there is one per thread
+    np.ones(1000)
+    box["a"] = np.ones(3 << 20)
+    done.wait()
+def again():
+    np.ones(1000)
+    before = resident()
+    box["b"] = np.ones(3 << 20)
+    box["grew"] = resident() - before
+first = threading.Thread(target=make)
+first.start()
+while "a" not in box:
+    pass
+del box["a"]
+second = threading.Thread(target=again)
+second.start(); second.join()
+done.set(); first.join()
+print(json.dumps({"tuned": tuned, "grew": box["grew"]}))
+"""
+
+
+def test_tuned_process_reuses_a_block_freed_by_another_thread():
+    """One heap for all threads (ARENA_MAX): the second thread writes the memory the first one touched, and the
+    process does not grow. With a heap per thread it grows by the whole array (checked below)."""
+    size = (3 << 20) * 8
+    got = probe("tune", code=HANDOVER)
+    assert got["tuned"] is True and got["grew"] < size // 20
+    assert probe("arena per thread", code=HANDOVER)["grew"] >= size // 2
 
 
 def test_untuned_process_maps_the_memory_again_every_round():
