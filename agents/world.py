@@ -223,11 +223,14 @@ class World:
     behaviors (``Group.behavior``) run in a copy of their own per world."""
 
     def __init__(self, seed: int, n: int, groups: list[Group], changes: list[Change], max_value: float,
-                 span: tuple[int, int] | None = None) -> None:
+                 span: tuple[int, int] | None = None, last_day: int | None = None) -> None:
         """``span = (lo, hi)``: hold and compute devices lo..hi-1 only (a shard's world, agents/shard.py): every
         per-device array is hi - lo long, so N shards of a population hold it once between them, and the clipped
-        count is the span's. A world with behaviors holds everyone (they may read the population's mean)."""
+        count is the span's. A world with behaviors holds everyone (they may read the population's mean).
+        ``last_day``: the last day a run means to ask for (its rounds); :meth:`prefetch` computes no day after
+        it, which is still computed when asked for (a hostile collector's extra rounds)."""
         self.seed, self.n, self.max_value = int(seed), int(n), float(max_value)
+        self.last_day = last_day
         self.groups = list(groups)
         self.changes = sorted(changes, key=lambda c: c.round)
         self.bounds = split_shares(self.n, [g.share for g in self.groups])
@@ -312,7 +315,8 @@ class World:
         whether it started; worlds with behaviors (state from day to day) or with values from elsewhere are left
         alone. Only the background jobs touch the twin, and this world waits for them before anything else reads
         the twin."""
-        if self._scripts or self._source is not None or day <= self.day:
+        if self._scripts or self._source is not None or day <= self.day or (self.last_day is not None
+                                                                            and day > self.last_day):
             return False
         self.settle()
         if self._ahead is None:

@@ -120,7 +120,7 @@ def _run(sc: Scenario, t0: float, slices: list[tuple[int, int]], workers: int, p
          events: TextIO | None, progress: Callable[[int, int], None] | None) -> RunResult:
     env = simpy.Environment()
     log = _event_logger(events, env).bind(run=sc.name, seed=sc.seed)
-    world = World(sc.seed, sc.devices, sc.groups, sc.changes, sc.protocol.max_value)
+    world = World(sc.seed, sc.devices, sc.groups, sc.changes, sc.protocol.max_value, last_day=sc.rounds)
     ledger = Ledger(sc.devices)
     network = Network(env, sc.network, sc.seed)
     protocol = sc.protocol.make_collector(sc.devices)

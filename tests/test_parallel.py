@@ -230,6 +230,8 @@ def test_threads_stream_answers_and_compute_the_next_day_ahead_without_changing_
         _same_run(one, got)
         assert got[0]["reports"]["lost"] > 0 and got[0]["messages"]["late"] > 0
         assert (got[1].world._ahead is not None) == (cores > 1)
+        if cores > 1:  # the last round's day was computed ahead, and no day after it (the run asks for none)
+            assert got[1].world._ahead.day == got[1].scenario.rounds
         # on a spare core every round's figures were computed ahead, for the reports due before the deadline
         assert guessed == [cores > 1] * got[1].scenario.rounds
 
@@ -255,6 +257,28 @@ def test_a_world_asked_for_another_day_than_it_computed_ahead_computes_that_day_
             ahead.prefetch(day + 1, pool.submit)
         assert not ahead.prefetch(5, pool.submit)  # the past: nothing to compute
         ahead.settle()
+
+
+def test_a_world_computes_no_day_ahead_past_its_last_day_but_still_serves_it():
+    """``last_day`` (a run's rounds): the day after it is not computed ahead, and when asked for (a hostile
+    collector's extra round) the world computes it itself, the same values as a world without the bound."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from agents.world import World
+
+    sc = schema.load("app_usage_31d", ["population.devices=2000"])
+    bounded = World(sc.seed, sc.devices, sc.groups, sc.changes, sc.protocol.max_value, last_day=3)
+    plain = World(sc.seed, sc.devices, sc.groups, sc.changes, sc.protocol.max_value)
+    ids = np.arange(sc.devices)
+    with ThreadPoolExecutor(1) as pool:
+        bounded.advance_to(2)
+        assert bounded.prefetch(3, pool.submit)
+        bounded.advance_to(3)
+        bounded.values(ids)
+        assert not bounded.prefetch(4, pool.submit)
+    bounded.advance_to(4)
+    plain.advance_to(4)
+    assert np.array_equal(bounded.values(ids)[0], plain.values(ids)[0])
 
 
 @pytest.mark.parametrize("threads", [1, 2])
