@@ -397,8 +397,15 @@ class Ledger:
         s = self.spend
         if not s.size:
             return {"max": 0.0, "mean": 0.0, "p50": 0.0, "p99": 0.0}
-        p50, p99 = np.quantile(s, (0.5, 0.99))
-        return {"max": float(s.max()), "mean": float(s.mean()), "p50": float(p50), "p99": float(p99)}
+        self._settle()
+        order = self._order
+        if order.values is not None and order.fresh:  # the multiset kept in order: no selection over the devices
+            p50, p99 = quantiles(order.values, np.cumsum(order.counts), (0.5, 0.99))
+            top = order.values[-1]
+        else:
+            p50, p99 = np.quantile(s, (0.5, 0.99))
+            top = s.max()
+        return {"max": float(top), "mean": float(s.mean()), "p50": float(p50), "p99": float(p99)}
 
     def rows(self, cumulative_only: bool = True) -> Iterator[dict[str, np.ndarray | int | float | str]]:
         """The charges chunk by chunk, device ids expanded: dicts of round, time, reason, amount, devices."""

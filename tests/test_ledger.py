@@ -182,6 +182,33 @@ def test_a_round_that_charges_everyone_rebuilds_the_spend_multiset_at_its_close(
     assert ledger._order.values is not None and ledger._order.values.tolist() == [0.5] and h["p50"] == 0.5
 
 
+@pytest.mark.parametrize("limit", [1 << 16, 3])
+def test_the_end_of_run_summary_equals_numpys_figures_on_the_spend(monkeypatch, limit):
+    """Ledger.summary (summary.json's epsilon) reads the kept multiset where it is up to date, else the spend
+    itself (limit 3: given up for numpy): the same max, mean, p50 and p99 as numpy's, bit for bit."""
+    from protocols.ledger import Charge, Ledger, _SpendOrder
+
+    monkeypatch.setattr(_SpendOrder, "LIMIT", limit)
+    rng = np.random.default_rng(11)
+    n = 3001
+    ledger, spend = Ledger(n), np.zeros(n)
+    for r in range(1, 9):
+        m = n if r == 1 else int(rng.integers(1, n // 10))
+        ids = np.sort(rng.choice(n, size=m, replace=False))
+        amount = float(rng.choice([0.5, 1 / 3, 0.1]))
+        ledger.record(Charge(r, 0.0, "x", amount, ids))
+        spend[ids] += amount
+        ledger.close_round(r, 0.0)
+    assert (ledger._order.values is not None) == (limit > 3)
+    p50, p99 = np.quantile(spend, (0.5, 0.99))
+    assert ledger.summary() == {"max": spend.max(), "mean": spend.mean(), "p50": p50, "p99": p99}
+    top = np.sort(np.argsort(spend)[-40:])  # charged since the last close (the max and p99 move): not up to date
+    ledger.record(Charge(9, 0.0, "x", 5.0, top))
+    spend[top] += 5.0
+    p50, p99 = np.quantile(spend, (0.5, 0.99))
+    assert ledger.summary() == {"max": spend.max(), "mean": spend.mean(), "p50": p50, "p99": p99}
+
+
 class _Deferred:
     """A job handed to ``submit`` that runs when its result is first asked for, keeping the spend it saw:
     shows when the ledger waits for the job, not only what the job returns."""
