@@ -178,8 +178,8 @@ class _SpendOrder:
         self.new.append(before + amount)
 
     def sorted(self, spend: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-        """(distinct values, cumulative counts) of the spend, or None when this round charged too many devices
-        or the spend holds too many distinct values (np.quantile instead)."""
+        """(distinct values, cumulative counts) of the spend, or None when the spend holds (or once held) more than
+        :attr:`LIMIT` distinct values (np.quantile instead). A multiset dropped this round is rebuilt here."""
         self.count = 0
         if self.values is not None and not self.fresh:
             old, new = np.concatenate(self.old), np.concatenate(self.new)

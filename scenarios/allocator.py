@@ -13,7 +13,9 @@ another (a cohort thread computes the next day's values, the run's thread frees 
 block went back to a heap that the next allocating thread might not use, and that thread touched fresh pages
 instead. One arena for the process makes every freed block reusable by every thread: with two threads the
 same run simulated 4-5% faster (median of 8 alternating runs each, 2.00 s against 2.10 s), unchanged on one
-core. The threads allocate a few large arrays per cohort, so they rarely wait on the arena's lock.
+core. The threads allocate a few large arrays per cohort, so they rarely wait on the arena's lock. The cap binds
+only arenas made after it, so it is set only in a process that has no other thread yet (the ``ldpsim`` program
+and its workers call :func:`tune` first thing).
 
 :func:`tune` is called once by the process that owns the run (the ``ldpsim`` program, its worker processes,
 sweep workers), never on import: a library does not change its host's allocator. It does nothing where
@@ -27,6 +29,7 @@ import ctypes
 import ctypes.util
 import os
 import platform
+import threading
 
 # mallopt parameters (glibc malloc.h)
 M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -2, -3, -8
@@ -63,7 +66,10 @@ def tune() -> bool:
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     # the mmap threshold first: setting any of them fixes the others (glibc stops adjusting them itself)
     _done = all(mallopt(param, value) == 1 for param, value in
-                ((M_MMAP_THRESHOLD, MMAP_THRESHOLD), (M_TRIM_THRESHOLD, TRIM_THRESHOLD), (M_TOP_PAD, TOP_PAD),
-                 (M_ARENA_MAX, ARENA_MAX)))
+                ((M_MMAP_THRESHOLD, MMAP_THRESHOLD), (M_TRIM_THRESHOLD, TRIM_THRESHOLD), (M_TOP_PAD, TOP_PAD)))
+    # the arena cap binds only arenas created from now on: in a process whose threads already have theirs (a
+    # Dask worker running a sweep job) it would only make later threads take turns on the existing ones
+    if _done and threading.active_count() == 1:
+        mallopt(M_ARENA_MAX, ARENA_MAX)
 
     return _done

@@ -165,8 +165,12 @@ def test_distinct_counts_is_numpys_unique_in_one_pass():
         assert np.array_equal(got[0], values) and np.array_equal(got[1], counts)
     got = distinct_counts(np.array([0.0, -0.0, 1.0, -0.0]), 8)
     assert got is not None and got[0].tolist() == [0.0, 1.0] and got[1].tolist() == [3, 1]
-    x = rng.choice(np.arange(41) / 7, 2000)
-    assert distinct_counts(x, 41) is not None and distinct_counts(x, 40) is None
+    for limit in (41, 200):  # tables at most half full: 128 and 512 slots, many collisions and wrap-arounds
+        x = rng.choice(np.arange(limit) / 7, 20 * limit)
+        got = distinct_counts(x, limit)
+        values, counts = np.unique(x, return_counts=True)
+        assert got is not None and np.array_equal(got[0], values) and np.array_equal(got[1], counts)
+        assert distinct_counts(x, limit - 1) is None
     assert distinct_counts(np.array([1.0, np.nan]), 8) is None
 
 
@@ -201,7 +205,12 @@ def test_the_end_of_run_summary_equals_numpys_figures_on_the_spend(monkeypatch, 
         ledger.close_round(r, 0.0)
     assert (ledger._order.values is not None) == (limit > 3)
     p50, p99 = np.quantile(spend, (0.5, 0.99))
-    assert ledger.summary() == {"max": spend.max(), "mean": spend.mean(), "p50": p50, "p99": p99}
+    selections: list[int] = []  # sizes of the arrays the ledger hands to np.quantile
+    quantile = np.quantile
+    with monkeypatch.context() as m:
+        m.setattr(np, "quantile", lambda a, *args, **kw: (selections.append(np.size(a)), quantile(a, *args, **kw))[1])
+        assert ledger.summary() == {"max": spend.max(), "mean": spend.mean(), "p50": p50, "p99": p99}
+    assert (max(selections) == n) == (limit == 3)  # the kept multiset's figures: no selection over the devices
     top = np.sort(np.argsort(spend)[-40:])  # charged since the last close (the max and p99 move): not up to date
     ledger.record(Charge(9, 0.0, "x", 5.0, top))
     spend[top] += 5.0
