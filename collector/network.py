@@ -118,9 +118,8 @@ class Network:
         n = device_ids.shape[0]
         if p.jitter > 0:  # one pass over the batch (the kernel above)
             on, late = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
-            ids = np.asarray(device_ids)  # wire ids (uint32) as they are: the kernel widens each one
             n_on, n_late, on_delay, late_delay = _fate_kernel(
-                np.ascontiguousarray(ids if ids.dtype in (np.uint32, np.uint64) else ids.astype(np.uint64)),
+                keyed.kernel_ids(device_ids),  # wire ids (uint32) as they are: the kernel widens each one
                 np.uint64(stream_key(self.seed, Purpose.LOSS, round_)),
                 np.uint64(stream_key(self.seed, Purpose.LATENCY, round_)), float(p.loss), float(p.latency),
                 float(p.jitter), float(time_left), on, late)

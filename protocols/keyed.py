@@ -176,7 +176,7 @@ def _uniform_sub_kernel(key, ids, subs, out):
         out[i] = uniform2(key, np.uint64(ids[i]), np.uint64(subs[i]))
 
 
-def _ids(device_ids: np.ndarray) -> np.ndarray:
+def kernel_ids(device_ids: np.ndarray) -> np.ndarray:
     """Device ids as the kernels take them: 64- or 32-bit integers as they are (each kernel turns an id into
     uint64 as numpy's astype would: negative ones wrap), anything else converted; contiguous."""
     ids = np.asarray(device_ids)
@@ -187,7 +187,7 @@ def _ids(device_ids: np.ndarray) -> np.ndarray:
 
 def uniform(key: int, device_ids: np.ndarray) -> np.ndarray:
     """Uniforms in [0, 1), one per device, for the stream ``key``."""
-    ids = _ids(device_ids)
+    ids = kernel_ids(device_ids)
     out = np.empty(ids.shape[0], dtype=np.float64)
     _uniform_kernel(np.uint64(key), ids, out)
     return out
@@ -195,7 +195,7 @@ def uniform(key: int, device_ids: np.ndarray) -> np.ndarray:
 
 def uniform_sub(key: int, device_ids: np.ndarray, subs: np.ndarray) -> np.ndarray:
     """Uniforms keyed additionally by a per-device integer ``subs`` (a grid index, a bucket...)."""
-    ids = _ids(device_ids)
+    ids = kernel_ids(device_ids)
     sub = np.ascontiguousarray(subs, dtype=np.int64)
     if sub.shape != ids.shape:
         raise ValueError("device_ids and subs must have the same shape")
@@ -206,7 +206,7 @@ def uniform_sub(key: int, device_ids: np.ndarray, subs: np.ndarray) -> np.ndarra
 
 def normal(key: int, device_ids: np.ndarray) -> np.ndarray:
     """Standard normals, one per device, for the stream ``key``."""
-    ids = _ids(device_ids)
+    ids = kernel_ids(device_ids)
     out = np.empty(ids.shape[0], dtype=np.float64)
     _normal_kernel(np.uint64(key), ids, out)
     return out

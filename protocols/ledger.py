@@ -207,6 +207,11 @@ class _SpendOrder:
         self.fresh = True
         return None if self.values is None else (self.values, np.cumsum(self.counts))
 
+    def current(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """(distinct values, counts) of the spend if the multiset is up to date (no charge since the last
+        :meth:`sorted`), else None; changes nothing."""
+        return (self.values, self.counts) if self.values is not None and self.fresh else None
+
 
 def order_statistics(values: np.ndarray, cumulative: np.ndarray, ranks: np.ndarray) -> np.ndarray:
     """The ``ranks``-th smallest (0-based) of the multiset holding ``values`` (sorted, distinct) with
@@ -377,19 +382,26 @@ class Ledger:
         s = self.spend
         if not s.size:
             return {}
-        multiset = self._order.sorted(s)
-        qs = quantiles(*multiset, QUANTILES) if multiset is not None else np.quantile(s, QUANTILES)
-        lo, hi = (multiset[0][0], multiset[0][-1]) if multiset is not None else (s.min(), s.max())
+        lo, hi, qs = self._figures(QUANTILES, self._order.sorted(s))
         return {"min": float(lo), "mean": float(s.mean()), "max": float(hi),
                 **{f"p{round(q * 100)}": float(v) for q, v in zip(QUANTILES, qs)}}
+
+    def _figures(self, qs: tuple[float, ...], multiset: tuple[np.ndarray, np.ndarray] | None
+                 ) -> tuple[float, float, np.ndarray]:
+        """min, max and the ``qs`` quantiles of the spend: from the sorted multiset (distinct values, cumulative
+        counts) when there is one, without a pass over the devices; else numpy's selection on the spend."""
+        s = self.spend
+        if multiset is not None:
+            return multiset[0][0], multiset[0][-1], quantiles(*multiset, qs)
+        return s.min(), s.max(), np.quantile(s, qs)
 
     def spend_counts(self) -> tuple[np.ndarray, np.ndarray]:
         """The distinct values of the spend, sorted, and how many devices hold each: the sorted multiset that
         :meth:`close_round` keeps, when it is up to date (no charge since the last close), else np.unique."""
         self._settle()
-        order = self._order
-        if order.values is not None and order.fresh:
-            return order.values.copy(), order.counts.copy()
+        kept = self._order.current()
+        if kept is not None:
+            return kept[0].copy(), kept[1].copy()
         return np.unique(self.spend, return_counts=True)
 
     def summary(self) -> dict[str, float]:
@@ -398,13 +410,8 @@ class Ledger:
         if not s.size:
             return {"max": 0.0, "mean": 0.0, "p50": 0.0, "p99": 0.0}
         self._settle()
-        order = self._order
-        if order.values is not None and order.fresh:  # the multiset kept in order: no selection over the devices
-            p50, p99 = quantiles(order.values, np.cumsum(order.counts), (0.5, 0.99))
-            top = order.values[-1]
-        else:
-            p50, p99 = np.quantile(s, (0.5, 0.99))
-            top = s.max()
+        kept = self._order.current()
+        _, top, (p50, p99) = self._figures((0.5, 0.99), None if kept is None else (kept[0], np.cumsum(kept[1])))
         return {"max": float(top), "mean": float(s.mean()), "p50": float(p50), "p99": float(p99)}
 
     def rows(self, cumulative_only: bool = True) -> Iterator[dict[str, np.ndarray | int | float | str]]:
