@@ -11,6 +11,7 @@ guarantee (e.g. eps' of output perturbation, Theorem 6) without adding to it.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -68,7 +69,7 @@ def quantiles(values: np.ndarray, cumulative: np.ndarray, qs: tuple[float, ...])
 
 
 @nb.njit(cache=True, nogil=True)
-def _increasing(ids):  # pragma: no cover (compiled)
+def increasing(ids):  # pragma: no cover (compiled)
     """Whether ``ids`` are strictly increasing: one pass without an early exit, which the compiler turns into
     vector instructions (5-10x a loop that stops at the first fault; a valid charge is read whole anyway)."""
     if ids.shape[0] < 2:
@@ -145,8 +146,8 @@ def _max_at(target, ids, amount):  # pragma: no cover (compiled)
 class _SpendOrder:
     """The devices' spend as a sorted multiset (its distinct values and how many devices hold each), maintained
     across rounds while a round charges at most 1/8 of the devices (memoized protocols after their first
-    rounds): each round's changed values are netted and merged in O(distinct + charged log charged), so a round's
-    order statistics cost no pass over the devices. Spend is a sum of a protocol's few charge amounts, so it
+    rounds): each round's changed values are tallied by hashing (:func:`distinct_counts`), netted and merged in
+    O(distinct + charged), so a round's order statistics and mean cost no pass over the devices. Spend is a sum of a protocol's few charge amounts, so it
     takes few distinct values (1BitRRPM: one per pattern width); past :attr:`LIMIT` of them the multiset is
     given up for the run and the quantiles are numpy's selection on the spend. A round that charges more drops
     it; it is rebuilt at that round's close by one pass over the spend (:func:`distinct_counts`, 4-5x cheaper
@@ -182,22 +183,25 @@ class _SpendOrder:
         :attr:`LIMIT` distinct values (np.quantile instead). A multiset dropped this round is rebuilt here."""
         self.count = 0
         if self.values is not None and not self.fresh:
-            old, new = np.concatenate(self.old), np.concatenate(self.new)
+            # the values the charges removed and those they made, each tallied in one hashing pass (a device
+            # charged twice this round left a value that never stood in the multiset: the netting removes it)
+            gone = distinct_counts(np.concatenate(self.old), self.LIMIT)
+            came = distinct_counts(np.concatenate(self.new), self.LIMIT)
             self.old, self.new = [], []
-            # a device charged twice this round left a value that never stood in the multiset: net them out
-            values, inverse = np.unique(np.concatenate((old, new)), return_inverse=True)
-            net = (np.bincount(inverse[old.size:], minlength=values.size)
-                   - np.bincount(inverse[:old.size], minlength=values.size))
-            merged = np.union1d(self.values, values)
-            counts = np.zeros(merged.size, np.int64)
-            counts[np.searchsorted(merged, self.values)] = self.counts
-            counts[np.searchsorted(merged, values)] += net
-            if np.any(counts < 0):
-                raise ValueError("the spend multiset lost track of a device's value")
-            keep = counts > 0
-            self.values, self.counts = merged[keep], counts[keep]
-            if self.values.size > self.LIMIT:
+            if gone is None or came is None:
                 self.values, self.too_many = None, True
+            else:
+                merged = np.union1d(np.union1d(self.values, gone[0]), came[0])
+                counts = np.zeros(merged.size, np.int64)
+                counts[np.searchsorted(merged, self.values)] = self.counts
+                counts[np.searchsorted(merged, came[0])] += came[1]
+                counts[np.searchsorted(merged, gone[0])] -= gone[1]
+                if np.any(counts < 0):
+                    raise ValueError("the spend multiset lost track of a device's value")
+                keep = counts > 0
+                self.values, self.counts = merged[keep], counts[keep]
+                if self.values.size > self.LIMIT:
+                    self.values, self.too_many = None, True
         elif self.values is None and not self.too_many:  # one pass: cheaper than np.quantile's selection
             tally = distinct_counts(spend, self.LIMIT)
             if tally is None:
@@ -266,7 +270,7 @@ class Ledger:
         lo, hi = int(ids[0]), int(ids[-1])
         if lo < 0 or hi >= self.n_devices:
             raise ValueError(f"charge names devices outside [0, {self.n_devices})")
-        if not _increasing(ids):  # one compiled pass; then first and last bound them all
+        if not increasing(ids):  # one compiled pass; then first and last bound them all
             raise ValueError("charge devices must be strictly increasing")
         if hi - lo + 1 == ids.size:
             return Entry(charge, lo, hi + 1, None)
@@ -357,7 +361,10 @@ class Ledger:
     def close_round(self, round_: int, time: float) -> dict[str, float]:
         """Snapshot the distribution of cumulative spend over devices (for the event log and the plot)."""
         ahead, self._ahead = self._ahead, None
-        snap = {"round": round_, "time": time, **(ahead.result() if ahead is not None else self._distribution())}
+        # a job not started yet (its thread busy) is cancelled and computed here instead of waited for
+        cancelled = ahead is None or bool(getattr(ahead, "cancel", lambda: False)())
+        figures = self._distribution() if cancelled else ahead.result()
+        snap = {"round": round_, "time": time, **figures}
         self.history.append(snap)
         return snap
 
@@ -382,18 +389,20 @@ class Ledger:
         s = self.spend
         if not s.size:
             return {}
-        lo, hi, qs = self._figures(QUANTILES, self._order.sorted(s))
-        return {"min": float(lo), "mean": float(s.mean()), "max": float(hi),
-                **{f"p{round(q * 100)}": float(v) for q, v in zip(QUANTILES, qs)}}
+        lo, mean, hi, qs = self._figures(QUANTILES, self._order.sorted(s))
+        return {"min": lo, "mean": mean, "max": hi, **{f"p{round(q * 100)}": float(v) for q, v in zip(QUANTILES, qs)}}
 
     def _figures(self, qs: tuple[float, ...], multiset: tuple[np.ndarray, np.ndarray] | None
-                 ) -> tuple[float, float, np.ndarray]:
-        """min, max and the ``qs`` quantiles of the spend: from the sorted multiset (distinct values, cumulative
-        counts) when there is one, without a pass over the devices; else numpy's selection on the spend."""
+                 ) -> tuple[float, float, float, np.ndarray]:
+        """min, mean, max and the ``qs`` quantiles of the spend: from the sorted multiset (distinct values,
+        cumulative counts) when there is one, without a pass over the devices (the mean then the correctly
+        rounded sum of value x count over the devices); else numpy's on the spend."""
         s = self.spend
         if multiset is not None:
-            return multiset[0][0], multiset[0][-1], quantiles(*multiset, qs)
-        return s.min(), s.max(), np.quantile(s, qs)
+            values, cumulative = multiset
+            total = math.fsum((values * np.diff(cumulative, prepend=0)).tolist())
+            return float(values[0]), total / s.size, float(values[-1]), quantiles(values, cumulative, qs)
+        return float(s.min()), float(s.mean()), float(s.max()), np.quantile(s, qs)
 
     def spend_counts(self) -> tuple[np.ndarray, np.ndarray]:
         """The distinct values of the spend, sorted, and how many devices hold each: the sorted multiset that
@@ -411,8 +420,9 @@ class Ledger:
             return {"max": 0.0, "mean": 0.0, "p50": 0.0, "p99": 0.0}
         self._settle()
         kept = self._order.current()
-        _, top, (p50, p99) = self._figures((0.5, 0.99), None if kept is None else (kept[0], np.cumsum(kept[1])))
-        return {"max": float(top), "mean": float(s.mean()), "p50": float(p50), "p99": float(p99)}
+        _, mean, top, (p50, p99) = self._figures((0.5, 0.99),
+                                                 None if kept is None else (kept[0], np.cumsum(kept[1])))
+        return {"max": top, "mean": mean, "p50": float(p50), "p99": float(p99)}
 
     def rows(self, cumulative_only: bool = True) -> Iterator[dict[str, np.ndarray | int | float | str]]:
         """The charges chunk by chunk, device ids expanded: dicts of round, time, reason, amount, devices."""

@@ -282,7 +282,9 @@ class RoundBook:
             ahead = self._ahead
             if ahead is not None and ahead[:2] == (self.world.day, result.reports):
                 self._ahead = None
-                truth, sd = ahead[2].result()
+                # a job not started yet (the side thread busy) is cancelled and computed here, not waited for
+                cancelled = bool(getattr(ahead[2], "cancel", lambda: False)())
+                truth, sd = self._figures(values, result.reports) if cancelled else ahead[2].result()
             else:
                 self._drop_ahead()
                 truth, sd = self._figures(values, result.reports)

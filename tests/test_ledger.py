@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -146,8 +148,14 @@ def test_the_spend_distribution_kept_in_order_equals_numpy_quantiles_round_after
             h = ledger.close_round(r, 0.0)
             assert [h["p50"], h["p90"], h["p99"]] == np.quantile(spend, QUANTILES).tolist()
             assert (h["min"], h["max"]) == (spend.min(), spend.max())
+            assert h["mean"] == pytest.approx(math.fsum(spend) / n, rel=MEAN_REL, abs=0.0)
             kept += ledger._order.values is not None
     assert kept > 100  # the kept order was exercised, not only numpy's fallback
+
+
+#: how far the multiset's mean (each value x count rounded once, their sum rounded once, then divided) may be from
+#: the correctly rounded mean of the spend: three roundings of 2^-53 each, twice that for the reference's own
+MEAN_REL = 6 * 2.0**-53
 
 
 def test_distinct_counts_is_numpys_unique_in_one_pass():
@@ -209,7 +217,9 @@ def test_the_end_of_run_summary_equals_numpys_figures_on_the_spend(monkeypatch, 
     quantile = np.quantile
     with monkeypatch.context() as m:
         m.setattr(np, "quantile", lambda a, *args, **kw: (selections.append(np.size(a)), quantile(a, *args, **kw))[1])
-        assert ledger.summary() == {"max": spend.max(), "mean": spend.mean(), "p50": p50, "p99": p99}
+        summary = ledger.summary()
+    assert summary == {"max": spend.max(), "mean": summary["mean"], "p50": p50, "p99": p99}
+    assert summary["mean"] == pytest.approx(math.fsum(spend) / n, rel=MEAN_REL, abs=0.0)
     assert (max(selections) == n) == (limit == 3)  # the kept multiset's figures: no selection over the devices
     top = np.sort(np.argsort(spend)[-40:])  # charged since the last close (the max and p99 move): not up to date
     ledger.record(Charge(9, 0.0, "x", 5.0, top))
@@ -264,6 +274,30 @@ def test_the_spend_distribution_computed_ahead_is_the_one_computed_at_close():
                 pending = False
             assert ahead.history == plain.history
     assert later > 30
+
+
+def test_a_distribution_job_still_queued_at_the_close_is_cancelled_and_computed_by_the_close():
+    """When the round closes before its side thread took the distribution job (the thread busy with other side
+    work), the close cancels the job and computes the figures itself instead of waiting behind that work."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from protocols.ledger import Charge, Ledger
+
+    ahead, plain = Ledger(500), Ledger(500)
+    for ledger in (ahead, plain):
+        ledger.record(Charge(1, 0.0, "x", 0.5, np.arange(0, 500, 3)))
+    gate = threading.Event()
+    timer = threading.Timer(2.0, gate.set)  # frees the thread in the end: a close that waited would see the job run
+    timer.start()
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(gate.wait)  # the side thread is busy
+        ahead.distribution_ahead(pool.submit)
+        job = ahead._ahead
+        assert ahead.close_round(1, 1.0) == plain.close_round(1, 1.0)
+        assert job.cancelled() and not gate.is_set()
+        gate.set()
+    timer.cancel()
 
 
 def test_a_charge_after_the_distribution_started_waits_for_it_and_the_close_counts_the_charge():

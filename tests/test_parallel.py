@@ -3,6 +3,8 @@ of worker processes and the cohort size: digests, traffic, device counters and t
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -350,6 +352,18 @@ def test_round_figures_computed_ahead_are_taken_only_for_the_day_and_reports_the
         assert book._ahead is not None
         rec = book.close(5, RoundResult(5, 0.5, 470), 50.0, 0)
     assert (rec.truth, rec.sd_theory) == own(470)
+    gate = threading.Event()
+    timer = threading.Timer(2.0, gate.set)  # frees the thread in the end: a close that waited would see the job run
+    timer.start()
+    with ThreadPoolExecutor(1) as pool:  # a job still queued behind other side work: cancelled, computed by close
+        pool.submit(gate.wait)
+        book.ahead(pool.submit, 460)
+        job = book._ahead[2]
+        rec = book.close(6, RoundResult(6, 0.5, 460), 60.0, 0)
+        assert job.cancelled() and not gate.is_set()
+        gate.set()
+    timer.cancel()
+    assert (rec.truth, rec.sd_theory) == own(460)
 
 
 @pytest.mark.parametrize("parts", [1, 2, 3])
