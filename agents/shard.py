@@ -122,7 +122,8 @@ class CohortShard:
                  cohorts: list[tuple[int, int]], round_seconds: float) -> None:
         self.world, self.network, self.round_seconds = world, network, float(round_seconds)
         self.cohorts = [(int(lo), int(hi)) for lo, hi in cohorts]
-        self.devices = [params.make_devices(seed, np.arange(lo, hi), limits) for lo, hi in self.cohorts]
+        # uint64 ids, the device sides' own type: taken as they are, not copied
+        self.devices = [params.make_devices(seed, np.arange(lo, hi, dtype=np.uint64), limits) for lo, hi in self.cohorts]
         self.ids = [signed_ids(d.device_ids) for d in self.devices]
         self.observers = [i for i, d in enumerate(self.devices) if hasattr(d, "observe")]
 
@@ -202,15 +203,17 @@ class ThreadShards:
         from concurrent.futures import ThreadPoolExecutor
 
         self.world, self.check = world, check
-        cohorts = [c for shard in shards for c in shard]
-        self.shard = CohortShard(params, seed, limits, world, Network(None, network, seed),  # type: ignore[arg-type]
-                                 cohorts, round_seconds)
-        self.nets = [Network(None, network, seed) for _ in cohorts]  # type: ignore[arg-type]
         self.threads = len(shards)
         self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="ldpsim-cohorts") if self.threads > 1 else None
         self._ahead = (self._pool or ThreadPoolExecutor(1, thread_name_prefix="ldpsim-world")) if ahead else None
         self._side = ThreadPoolExecutor(1, thread_name_prefix="ldpsim-side") if ahead else None
-        self._prefetch(world.day + 1)  # the first day (its levels drawn) while the run builds its other parts
+        # the first day (its levels drawn) started first, while this builds the device sides and the run its
+        # other parts
+        self._prefetch(world.day + 1)
+        cohorts = [c for shard in shards for c in shard]
+        self.shard = CohortShard(params, seed, limits, world, Network(None, network, seed),  # type: ignore[arg-type]
+                                 cohorts, round_seconds)
+        self.nets = [Network(None, network, seed) for _ in cohorts]  # type: ignore[arg-type]
 
     def _ready(self, day: int) -> None:
         """The world at ``day`` with its values computed, before any cohort reads them."""

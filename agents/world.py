@@ -391,30 +391,32 @@ class World:
         return self._levels
 
     def _hold_start(self) -> np.ndarray:
-        """The per-device sds and flags of the groups, and the levels array, not yet drawn (:meth:`_hold` in
-        steps: :meth:`World.prefetch` draws the levels in parts, one on each thread)."""
+        """The per-device arrays (levels, sds, flags), allocated but not yet filled, and the groups' data sets
+        registered (:meth:`_hold` in steps: :meth:`World.prefetch` fills and draws them in parts, one on each
+        thread, by :meth:`_draw_levels`)."""
         lo, hi = self.span
         levels = np.empty(hi - lo, dtype=np.float64)
         self._sds = np.empty(hi - lo, dtype=np.float64)
-        self.binary = np.zeros(hi - lo, dtype=np.bool_)  # Bernoulli counters: the level is the probability
-        self.source = np.full(hi - lo, -1, dtype=np.int16)  # empirical data set of each device (-1: none)
-        self.free = np.zeros(hi - lo, dtype=np.bool_)  # devices whose base value a behavior shapes
-        for glo, ghi, _ in self._scripts:
-            self.free[glo - lo:ghi - lo] = True
-        for g in self.groups:
-            a, b = self._held_range(g.name)
-            self._sds[a - lo:b - lo] = g.jitter_sd
-            self.binary[a - lo:b - lo] = g.counter.kind == "bernoulli"
-            self._set_source(slice(a - lo, b - lo), g.counter)
+        self.binary = np.empty(hi - lo, dtype=np.bool_)  # Bernoulli counters: the level is the probability
+        self.source = np.empty(hi - lo, dtype=np.int16)  # empirical data set of each device (-1: none)
+        self.free = np.empty(hi - lo, dtype=np.bool_)  # devices whose base value a behavior shapes
+        self._group_sources = [self._pool_index(g.counter) for g in self.groups]
         return levels
 
     def _draw_levels(self, levels: np.ndarray, first: int, stop: int) -> None:
-        """The initial levels of devices first..stop-1 (held ones) into ``levels``: keyed draws, the same
-        whichever part of the span a call draws."""
+        """The per-device arrays of devices first..stop-1 (held ones) filled as the groups set them, and their
+        initial levels drawn into ``levels``: keyed draws, the same whichever part of the span a call draws."""
         lo = self.span[0]
-        for g in self.groups:
+        for g, k in zip(self.groups, self._group_sources):
             a, b = self._held_range(g.name)
             a, b = max(a, first), min(b, stop)
+            if a >= b:
+                continue
+            at = slice(a - lo, b - lo)
+            self._sds[at] = g.jitter_sd
+            self.binary[at] = g.counter.kind == "bernoulli"
+            self.source[at] = k
+            self.free[at] = g.behavior is not None  # base values its behaviors shape
             for start in range(a, b, _CHUNK):  # keyed draws: the same in chunks, with bounded temporaries
                 end = min(start + _CHUNK, b)
                 levels[start - lo:end - lo] = g.counter.sample(stream_key(self.seed, Purpose.LEVEL, 0),
@@ -469,20 +471,22 @@ class World:
 
     def _set_source(self, at: np.ndarray | slice, dist: Dist) -> None:
         """Point the devices at positions ``at`` of this world's arrays to ``dist``'s data set, if it has one."""
+        self.source[at] = self._pool_index(dist)
+
+    def _pool_index(self, dist: Dist) -> int:
+        """The index of ``dist``'s data set among this world's (registered on first sight), or -1 for none."""
         if dist.kind != "data":
-            self.source[at] = -1
-            return
+            return -1
         for k, pool in enumerate(self._pools):
             if pool is dist.data:
-                self.source[at] = k
-                return
+                return k
         if len(self._pools) == np.iinfo(self.source.dtype).max:
             raise ValueError(f"more than {len(self._pools)} data sets in one scenario")
         assert dist.data is not None  # a "data" distribution always carries its values
         self._pools.append(dist.data)
-        self.source[at] = len(self._pools) - 1
         self._pool = np.concatenate(self._pools).astype(np.float64)
         self._offsets = np.concatenate(([0], np.cumsum([p.size for p in self._pools]))).astype(np.int64)
+        return len(self._pools) - 1
 
     def group_ids(self, name: str) -> np.ndarray:
         gi = self._index[name]

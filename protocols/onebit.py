@@ -26,7 +26,7 @@ from protocols.collecting import Column, ReportCollector
 from protocols.device import OneReportDevices, at_rows
 from protocols.guard import Guarantee, Guard, Limits
 from protocols.keyed import Purpose, stream_key
-from protocols.ledger import Charge
+from protocols.ledger import Charge, increasing
 from protocols.memo import RevealSet, admit_reports, report_charges
 from protocols.messages import ReportBatch
 from protocols.round_mechanism import NoRoundMechanism, RoundMechanism, randomized_response
@@ -276,7 +276,7 @@ class OneBitDevices(OneReportDevices):
         self.params = params
         self.seed = int(seed)
         self.device_ids = np.ascontiguousarray(device_ids, dtype=np.uint64)
-        if self.device_ids.size > 1 and np.any(np.diff(self.device_ids.astype(np.int64)) <= 0):
+        if not increasing(self.device_ids):  # one compiled pass, no temporaries
             raise MisuseError("device ids must be strictly increasing")
         self.guard = Guard(self.device_ids, limits)
         self.reveals: RevealSet | None = None

@@ -197,6 +197,22 @@ def test_device_refuses_repeats_other_rounds_and_other_protocols() -> None:
         assert dev.respond(req, day, x, 0.5) == (None, [])
 
 
+@pytest.mark.parametrize("dtype", [np.int64, np.uint64])
+def test_a_cohort_takes_strictly_increasing_ids_of_either_integer_type_only(dtype) -> None:
+    """A cohort's device ids are strictly increasing (signed ids as the runtime passes them, or the device
+    side's own uint64, taken without a copy); a repeat or a step back is local misuse, whatever the type."""
+    from protocols.base import MisuseError
+
+    params = OneBitParams(MEMOIZED, 1.0, M, granularity=10.0)
+    ids = np.arange(5, 1000, 7, dtype=dtype)
+    dev = OneBitDevices(params, seed=1, device_ids=ids)
+    assert np.array_equal(dev.device_ids, ids) and (dtype is np.int64 or np.shares_memory(dev.device_ids, ids))
+    for bad in ([3, 1, 2], [1, 1], [0, 2, 4, 4, 6], [9, 10, 11, 10]):
+        with pytest.raises(MisuseError, match="strictly increasing"):
+            OneBitDevices(params, seed=1, device_ids=np.array(bad, dtype=dtype))
+    assert OneBitDevices(params, seed=1, device_ids=np.array([4], dtype=dtype)).device_ids.tolist() == [4]
+
+
 def test_collector_estimate_matches_estimator_and_hoeffding() -> None:
     """The collector's estimate from a batch equals estimate_mean; over repetitions the error exceeds the
     Hoeffding radius at delta = 0.05 in at most a binomially plausible share of runs."""

@@ -366,6 +366,43 @@ def test_round_figures_computed_ahead_are_taken_only_for_the_day_and_reports_the
     assert (rec.truth, rec.sd_theory) == own(460)
 
 
+@pytest.mark.parametrize("turn", range(4))
+@pytest.mark.parametrize("parts", [2, 3])
+def test_a_twin_fills_every_kind_of_device_in_parts_as_the_world_would(parts, turn):
+    """The parts that draw a twin's first levels also fill each device's sd, Bernoulli flag and data set: a
+    world of normal, Bernoulli and data-set groups (two sharing one data set) gives the same values day after
+    day, in parts or whole, with a change that moves part of a group to another data set; the groups in turn
+    (``turn``) so that each kind lies across a boundary between parts."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from agents.world import Change, Dist, Group, World
+
+    short, long_ = np.arange(1.0, 40.0), np.arange(50.0, 400.0, 7.0)
+    groups = [Group("bits", 0.2, Dist("bernoulli", value=0.3)),
+              Group("short", 0.25, Dist("data", data=short)),
+              Group("mixed", 0.25, Dist("data", data=short), jitter_sd=1.0),
+              Group("steady", 0.3, Dist("normal", mean=30.0, sd=8.0), jitter_sd=2.0)]
+    groups = groups[turn:] + groups[:turn]
+    changes = [Change(3, "mixed", counter=Dist("data", data=long_), fraction=0.5)]
+    ahead, plain = (World(5, 2003, groups, changes, 300.0) for _ in range(2))
+    ids = np.arange(2003)
+    with ThreadPoolExecutor(parts) as pool:
+        assert ahead.prefetch(1, pool.submit, parts=parts)
+        for day in range(1, 6):
+            ahead.advance_to(day)
+            plain.advance_to(day)
+            va, ca = ahead.values(ids)
+            vp, cp = plain.values(ids)
+            assert np.array_equal(va, vp) and ca == cp, day
+            assert ahead.prefetch(day + 1, pool.submit, parts=parts)
+        ahead.settle()
+        twin = ahead._ahead
+        assert twin is not None and len(twin._pools) == 2  # the shared data set registered once
+    b = dict(zip((g.name for g in groups), zip(plain.bounds, plain.bounds[1:])))  # the kinds on the last day:
+    assert set(va[slice(*b["bits"])].tolist()) == {0.0, 1.0}  # bits, and values of the first data set
+    assert set(va[slice(*b["short"])].tolist()) <= set(short.tolist())
+
+
 @pytest.mark.parametrize("parts", [1, 2, 3])
 def test_a_twin_draws_its_first_levels_in_parts_as_the_world_would(parts, monkeypatch):
     """Threads prefetch the first day before the run's world holds anything: the twin draws the devices' levels
