@@ -211,8 +211,12 @@ class ThreadShards:
         # other parts
         self._prefetch(world.day + 1)
         cohorts = [c for shard in shards for c in shard]
-        self.shard = CohortShard(params, seed, limits, world, Network(None, network, seed),  # type: ignore[arg-type]
-                                 cohorts, round_seconds)
+        try:
+            self.shard = CohortShard(params, seed, limits, world, Network(None, network, seed),  # type: ignore[arg-type]
+                                     cohorts, round_seconds)
+        except BaseException:  # device sides that cannot be built: no thread left drawing levels for no one
+            self.close()
+            raise
         self.nets = [Network(None, network, seed) for _ in cohorts]  # type: ignore[arg-type]
 
     def _ready(self, day: int) -> None:

@@ -246,6 +246,7 @@ class World:
         self._sds = np.empty(0)
         self.binary, self.free, self.source = np.empty(0, np.bool_), np.empty(0, np.bool_), np.empty(0, np.int16)
         self._pools: list[np.ndarray] = []
+        self._group_sources: list[int] = []  # each group's data set (an index into _pools, -1: none): _hold_start
         self.counters = len(self.groups[0].apps) if self.groups and self.groups[0].apps else None
         if self.counters is not None:
             if any(g.apps is None or len(g.apps) != self.counters for g in self.groups):
@@ -294,7 +295,7 @@ class World:
         other.__dict__.update(self.__dict__)
         other._levels, other._sds = None, np.empty(0)
         other.binary, other.free, other.source = np.empty(0, np.bool_), np.empty(0, np.bool_), np.empty(0, np.int16)
-        other._pools = []
+        other._pools, other._group_sources = [], []
         other.day, other._applied, other._cache_day, other._cache, other._clipped = 0, 0, -1, np.empty(0), 0
         other._ahead, other._pending = None, None
         if self._scripts:
@@ -311,7 +312,8 @@ class World:
         world keeps serving its own day: a later :meth:`values` for ``day`` takes the twin's values (the same
         numbers: they are a pure function of the seed, the changes and the day). ``parts``: jobs that share the
         devices (one per thread of the executor: none of them waits alone for a long one), submitted after the
-        job that moves the twin to ``day``; a twin's first levels are drawn in as many parts before it. Returns
+        job that moves the twin to ``day``; a twin's first levels are drawn, and its devices' sds and flags
+        filled, in as many parts before it. Returns
         whether it started; worlds with behaviors (state from day to day) or with values from elsewhere are left
         alone. Only the background jobs touch the twin, and this world waits for them before anything else reads
         the twin."""

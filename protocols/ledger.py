@@ -11,7 +11,6 @@ guarantee (e.g. eps' of output perturbation, Theorem 6) without adding to it.
 from __future__ import annotations
 
 import hashlib
-import math
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -146,12 +145,12 @@ def _max_at(target, ids, amount):  # pragma: no cover (compiled)
 class _SpendOrder:
     """The devices' spend as a sorted multiset (its distinct values and how many devices hold each), maintained
     across rounds while a round charges at most 1/8 of the devices (memoized protocols after their first
-    rounds): each round's changed values are tallied by hashing (:func:`distinct_counts`), netted and merged in
-    O(distinct + charged), so a round's order statistics and mean cost no pass over the devices. Spend is a sum of a protocol's few charge amounts, so it
-    takes few distinct values (1BitRRPM: one per pattern width); past :attr:`LIMIT` of them the multiset is
-    given up for the run and the quantiles are numpy's selection on the spend. A round that charges more drops
-    it; it is rebuilt at that round's close by one pass over the spend (:func:`distinct_counts`, 4-5x cheaper
-    than np.quantile's selection)."""
+    rounds): each round's changed values are tallied by hashing (:func:`distinct_counts`), netted and merged,
+    so a round's order statistics cost no pass over the devices. Spend is a sum of a protocol's few charge
+    amounts, so it takes few distinct values (1BitRRPM: one per pattern width); past :attr:`LIMIT` of them the
+    multiset is given up for the run and the quantiles are numpy's selection on the spend. A round that charges
+    more drops it; it is rebuilt at that round's close by one pass over the spend (:func:`distinct_counts`, 4-5x
+    cheaper than np.quantile's selection)."""
 
     LIMIT = 1 << 16  # distinct spend values beyond which np.quantile on the spend is cheaper
 
@@ -188,8 +187,8 @@ class _SpendOrder:
             gone = distinct_counts(np.concatenate(self.old), self.LIMIT)
             came = distinct_counts(np.concatenate(self.new), self.LIMIT)
             self.old, self.new = [], []
-            if gone is None or came is None:
-                self.values, self.too_many = None, True
+            if gone is None or came is None:  # too many values passed through this round: rebuilt below
+                self.values = None
             else:
                 merged = np.union1d(np.union1d(self.values, gone[0]), came[0])
                 counts = np.zeros(merged.size, np.int64)
@@ -202,7 +201,7 @@ class _SpendOrder:
                 self.values, self.counts = merged[keep], counts[keep]
                 if self.values.size > self.LIMIT:
                     self.values, self.too_many = None, True
-        elif self.values is None and not self.too_many:  # one pass: cheaper than np.quantile's selection
+        if self.values is None and not self.too_many:  # one pass: cheaper than np.quantile's selection
             tally = distinct_counts(spend, self.LIMIT)
             if tally is None:
                 self.too_many = True
@@ -389,20 +388,19 @@ class Ledger:
         s = self.spend
         if not s.size:
             return {}
-        lo, mean, hi, qs = self._figures(QUANTILES, self._order.sorted(s))
-        return {"min": lo, "mean": mean, "max": hi, **{f"p{round(q * 100)}": float(v) for q, v in zip(QUANTILES, qs)}}
+        lo, hi, qs = self._figures(QUANTILES, self._order.sorted(s))
+        return {"min": float(lo), "mean": float(s.mean()), "max": float(hi),
+                **{f"p{round(q * 100)}": float(v) for q, v in zip(QUANTILES, qs)}}
 
     def _figures(self, qs: tuple[float, ...], multiset: tuple[np.ndarray, np.ndarray] | None
-                 ) -> tuple[float, float, float, np.ndarray]:
-        """min, mean, max and the ``qs`` quantiles of the spend: from the sorted multiset (distinct values,
-        cumulative counts) when there is one, without a pass over the devices (the mean then the correctly
-        rounded sum of value x count over the devices); else numpy's on the spend."""
+                 ) -> tuple[float, float, np.ndarray]:
+        """min, max and the ``qs`` quantiles of the spend: from the sorted multiset (distinct values, cumulative
+        counts) when there is one, without a pass over the devices; else numpy's selection on the spend. (The
+        mean is numpy's on the spend either way, so that it never depends on which one it came from.)"""
         s = self.spend
         if multiset is not None:
-            values, cumulative = multiset
-            total = math.fsum((values * np.diff(cumulative, prepend=0)).tolist())
-            return float(values[0]), total / s.size, float(values[-1]), quantiles(values, cumulative, qs)
-        return float(s.min()), float(s.mean()), float(s.max()), np.quantile(s, qs)
+            return multiset[0][0], multiset[0][-1], quantiles(*multiset, qs)
+        return s.min(), s.max(), np.quantile(s, qs)
 
     def spend_counts(self) -> tuple[np.ndarray, np.ndarray]:
         """The distinct values of the spend, sorted, and how many devices hold each: the sorted multiset that
@@ -420,9 +418,8 @@ class Ledger:
             return {"max": 0.0, "mean": 0.0, "p50": 0.0, "p99": 0.0}
         self._settle()
         kept = self._order.current()
-        _, mean, top, (p50, p99) = self._figures((0.5, 0.99),
-                                                 None if kept is None else (kept[0], np.cumsum(kept[1])))
-        return {"max": top, "mean": mean, "p50": float(p50), "p99": float(p99)}
+        _, top, (p50, p99) = self._figures((0.5, 0.99), None if kept is None else (kept[0], np.cumsum(kept[1])))
+        return {"max": float(top), "mean": float(s.mean()), "p50": float(p50), "p99": float(p99)}
 
     def rows(self, cumulative_only: bool = True) -> Iterator[dict[str, np.ndarray | int | float | str]]:
         """The charges chunk by chunk, device ids expanded: dicts of round, time, reason, amount, devices."""
