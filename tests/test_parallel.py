@@ -366,6 +366,24 @@ def test_round_figures_computed_ahead_are_taken_only_for_the_day_and_reports_the
     assert (rec.truth, rec.sd_theory) == own(460)
 
 
+def _prefetched_days_equal(ahead, plain, ids, parts: int, days: int) -> np.ndarray:
+    """Days 1..days of world ``ahead``, each prefetched by ``parts`` threads from the day before (the first with
+    its levels), equal those ``plain`` computes itself; returns ``ahead``'s last day's values."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(parts) as pool:
+        assert ahead.prefetch(1, pool.submit, parts=parts)
+        for day in range(1, days + 1):
+            ahead.advance_to(day)
+            plain.advance_to(day)
+            va, ca = ahead.values(ids)
+            vp, cp = plain.values(ids)
+            assert np.array_equal(va, vp) and ca == cp, day
+            assert ahead.prefetch(day + 1, pool.submit, parts=parts)
+        ahead.settle()
+    return va
+
+
 def test_device_sides_that_cannot_be_built_leave_no_thread_behind(monkeypatch):
     """The first day is started before the device sides are built; if building them fails, the error reaches
     the caller and the threads drawing that day are stopped with it."""
@@ -393,8 +411,6 @@ def test_a_twin_fills_every_kind_of_device_in_parts_as_the_world_would(parts, tu
     world of normal, Bernoulli and data-set groups (two sharing one data set) gives the same values day after
     day, in parts or whole, with a change that moves part of a group to another data set; the groups in turn
     (``turn``) so that each kind lies across a boundary between parts."""
-    from concurrent.futures import ThreadPoolExecutor
-
     from agents.world import Change, Dist, Group, World
 
     short, long_ = np.arange(1.0, 40.0), np.arange(50.0, 400.0, 7.0)
@@ -406,18 +422,9 @@ def test_a_twin_fills_every_kind_of_device_in_parts_as_the_world_would(parts, tu
     changes = [Change(3, "mixed", counter=Dist("data", data=long_), fraction=0.5)]
     ahead, plain = (World(5, 2003, groups, changes, 300.0) for _ in range(2))
     ids = np.arange(2003)
-    with ThreadPoolExecutor(parts) as pool:
-        assert ahead.prefetch(1, pool.submit, parts=parts)
-        for day in range(1, 6):
-            ahead.advance_to(day)
-            plain.advance_to(day)
-            va, ca = ahead.values(ids)
-            vp, cp = plain.values(ids)
-            assert np.array_equal(va, vp) and ca == cp, day
-            assert ahead.prefetch(day + 1, pool.submit, parts=parts)
-        ahead.settle()
-        twin = ahead._ahead
-        assert twin is not None and len(twin._pools) == 2  # the shared data set registered once
+    va = _prefetched_days_equal(ahead, plain, ids, parts, 5)
+    twin = ahead._ahead
+    assert twin is not None and len(twin._pools) == 2  # the shared data set registered once
     b = dict(zip((g.name for g in groups), zip(plain.bounds, plain.bounds[1:])))  # the kinds on the last day:
     assert set(va[slice(*b["bits"])].tolist()) == {0.0, 1.0}  # bits, and values of the first data set
     assert set(va[slice(*b["short"])].tolist()) <= set(short.tolist())
@@ -428,8 +435,6 @@ def test_a_twin_draws_its_first_levels_in_parts_as_the_world_would(parts, monkey
     """Threads prefetch the first day before the run's world holds anything: the twin draws the devices' levels
     in ``parts`` jobs (one per thread), then the day's values. They equal the world's own, day after day,
     a change on the first day and a redrawn fraction of a group included."""
-    from concurrent.futures import ThreadPoolExecutor
-
     from agents.world import World
 
     sc = schema.load("app_usage_31d", ["population.devices=3001", "rounds=24", "changes.0.round=1"])
@@ -439,16 +444,7 @@ def test_a_twin_draws_its_first_levels_in_parts_as_the_world_would(parts, monkey
     ahead = World(sc.seed, sc.devices, sc.groups, sc.changes, sc.protocol.max_value)
     plain = World(sc.seed, sc.devices, sc.groups, sc.changes, sc.protocol.max_value)
     ids = np.arange(sc.devices)
-    with ThreadPoolExecutor(parts) as pool:
-        assert ahead.prefetch(1, pool.submit, parts=parts)
-        for day in range(1, sc.rounds + 1):
-            ahead.advance_to(day)
-            plain.advance_to(day)
-            va, ca = ahead.values(ids)
-            vp, cp = plain.values(ids)
-            assert np.array_equal(va, vp) and ca == cp, day
-            assert ahead.prefetch(day + 1, pool.submit, parts=parts)
-        ahead.settle()
+    _prefetched_days_equal(ahead, plain, ids, parts, sc.rounds)
     assert ahead._levels is None  # the world itself never drew: its twin did
     # the twin's draw in parts covering the population once (parts = 1: the twin's own _hold, in one call)
     first = drawn[:parts] if parts > 1 else drawn[:1]
