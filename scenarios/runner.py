@@ -280,13 +280,11 @@ class RoundBook:
             sd = sc.protocol.estimate_sd(self.world.levels, result.reports) if result.reports else math.nan
         else:
             ahead = self._ahead
-            if ahead is not None and ahead[:2] == (self.world.day, result.reports):
-                self._ahead = None
-                # a job not started yet (the side thread busy) is cancelled and computed here, not waited for
-                cancelled = bool(getattr(ahead[2], "cancel", lambda: False)())
-                truth, sd = self._figures(values, result.reports) if cancelled else ahead[2].result()
+            self._drop_ahead()  # a job not started yet (the side thread busy) is cancelled: computed here instead
+            if ahead is not None and ahead[:2] == (self.world.day, result.reports) \
+                    and not getattr(ahead[2], "cancelled", lambda: False)():
+                truth, sd = ahead[2].result()
             else:
-                self._drop_ahead()
                 truth, sd = self._figures(values, result.reports)
         rec = RoundRecord(t, now, truth, result.estimate, result.reports, clipped, sd, result.info)
         self.records.append(rec)
