@@ -16,6 +16,10 @@ from typing import Any, Callable
 
 __all__ = ["ConfigError", "Context", "Table", "epsilon", "holdout_share", "positive", "GAMMA"]
 
+#: how an error names the type a key needs
+_KIND_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "a boolean", dict: "a table",
+               list: "an array"}
+
 
 class ConfigError(ValueError):
     """A parameter table that cannot run; the message starts with the offending key."""
@@ -62,17 +66,17 @@ class Table:
                 self._unknown_near(key)
                 raise self.fail(key, "required")
             return default
-        v = self.data[key]
+        given = v = self.data[key]
         kinds = kind if isinstance(kind, tuple) else (kind,)
         if float in kinds and isinstance(v, int) and not isinstance(v, bool):
             v = float(v)
         if isinstance(v, bool) and bool not in kinds or not isinstance(v, kinds):
-            names = " or ".join(k.__name__.replace("str", "string").replace("float", "number") for k in kinds)
-            raise self.fail(key, f"must be a {names}, got {v!r}")
+            names = " or ".join(_KIND_NAMES.get(k, k.__name__) for k in kinds)
+            raise self.fail(key, f"must be {names}, got {given!r}")
         if isinstance(v, float) and not math.isfinite(v):
-            raise self.fail(key, f"must be finite, got {v}")
+            raise self.fail(key, f"must be finite, got {given}")
         if check is not None and not check(v):
-            raise self.fail(key, f"must be {what}, got {v!r}")
+            raise self.fail(key, f"must be {what}, got {given!r}")  # as written: 65536, not 65536.0
         return v
 
     def table(self, key: str, default: Any = ...) -> "Table":

@@ -257,8 +257,8 @@ def test_attacks_are_on_by_default_up_to_the_size_limit_and_off_above() -> None:
 
 
 @pytest.mark.parametrize("override, message", [
-    ("analysis.attacks=1", r"^analysis\.attacks: must be a bool, got 1"),
-    ("analysis.attacks='yes'", r"^analysis\.attacks: must be a bool"),
+    ("analysis.attacks=1", r"^analysis\.attacks: must be a boolean, got 1"),
+    ("analysis.attacks='yes'", r"^analysis\.attacks: must be a boolean"),
     ("analysis.atacks=true", r"^analysis\.atacks: unknown key \(did you mean attacks\?\)"),
     ("analysis=3", r"^analysis: must be a table"),
 ])

@@ -680,3 +680,17 @@ def test_a_study_resumed_with_another_set_on_every_point_is_refused(tmp_path):
     assert sweep.differences({k: v for k, v in json.loads((tmp_path / "sweep.json").read_text()).items()
                               if k != "on_every_point"}, {**json.loads((tmp_path / "sweep.json").read_text()),
                                                           "on_every_point": []}) == []
+
+
+def test_a_key_swept_beside_a_whole_table_is_checked_with_the_sets_on_top():
+    """The README's small try of the ToPL figure-8 study (2 tables x 2 epsilons x 2 weightings): ``--set
+    protocol.holdout=1024`` (under the protocol table the study's grid sets whole) is what makes 4,096 devices
+    valid, so the check of another swept key (the threshold epsilon) alone on the base applies it too; without
+    it the sweep is refused, naming it."""
+    spec = str(schema.SHIPPED / "studies" / "topl_fig8_dns.toml")
+    small = ["population.devices=4096", "simulation.cohort_size=4096", "rounds=2"]
+    plan = sweep.plan(spec, ["protocol.threshold_epsilon=0.5,2", "protocol.method=sw-w"], repeat=1,
+                      overrides=small + ["protocol.holdout=1024"])
+    assert len(plan.points) == 8 and {plan.point_data(p)["protocol"]["holdout"] for p in plan.points} == {1024}
+    with pytest.raises(ScenarioError, match=r"protocol\.holdout: must be .* below 4096, got 65536$"):
+        sweep.plan(spec, ["protocol.threshold_epsilon=0.5,2", "protocol.method=sw-w"], repeat=1, overrides=small)

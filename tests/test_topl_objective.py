@@ -117,7 +117,7 @@ def test_options_parse_and_default_to_the_paper_and_bin_centres() -> None:
 @pytest.mark.parametrize("kw, match", [
     ({"objective": "author"}, r"^protocol\.objective: must be one of \['paper', 'authors'\], got 'author'$"),
     ({"objective": 1}, r"^protocol\.objective: must be a string, got 1$"),
-    ({"integer": "yes", "bins": 20}, r"^protocol\.integer: must be a bool, got 'yes'$"),
+    ({"integer": "yes", "bins": 20}, r"^protocol\.integer: must be a boolean, got 'yes'$"),
     ({"integer": True}, r"^protocol\.integer: true needs unit-width bins .*got bins = 1024, max_value = 20$"),
     ({"integer": True, "bins": 40}, r"^protocol\.integer: true needs unit-width bins .*got bins = 40, max_value = 20$"),
 ])
