@@ -68,12 +68,20 @@ class Registered:
 
     @property
     def summary(self) -> str:
-        """The first line of the parameter class's module docstring (what the protocol is), else the class's."""
+        """The first paragraph of the parameter class's module docstring (what the protocol is), else of the
+        class's, on one line: whole up to :data:`SUMMARY_CHARS`, else cut at a word with "..." (never mid-word)."""
         module = importlib.import_module(self.params.__module__)
         for doc in (module.__doc__, self.params.__doc__):
             if doc and doc.strip():
-                return doc.strip().splitlines()[0]
+                text = " ".join(doc.strip().split("\n\n")[0].split())
+                if len(text) <= SUMMARY_CHARS:
+                    return text
+                return text[:SUMMARY_CHARS - 3].rsplit(" ", 1)[0].rstrip(",;:") + "..."
         return ""
+
+
+#: the longest one-line summary of a protocol (`ldpsim protocols`)
+SUMMARY_CHARS = 160
 
 
 def builtin_names() -> tuple[str, ...]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import threading
@@ -111,8 +112,8 @@ def cmd_run(args: argparse.Namespace) -> int:
           f"({ERROR_OF.get(scenario.protocol.kind, 'per estimated number')}); per-device spend: "
           f"max {_num(eps['max'])}, mean {_num(eps['mean'])}, p99 {_num(eps['p99'])} "
           f"(guarantee {_num(pv['guarantee'])}); messages rejected {summary['messages']['rejected']}; "
-          f"{summary['wall_seconds']:.2f} s")
-    if args.json:
+          f"{summary['wall_seconds']:.2f} s", file=sys.stderr if args.json else sys.stdout)
+    if args.json:  # stdout holds summary.json alone, for a pipe into a JSON reader
         print(json.dumps(summary, indent=2))
     return 0
 
@@ -150,8 +151,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
                                                                                f"simulating {label}"))
     for k in (scenario.protocol.name, "naive"):
         e, eps = table[k]["error"], table[k]["epsilon"]
-        print(f"{k:>6}: mean |error| {e['mean_abs']:.4g}, max |error| {e['max_abs']:.4g}; "
-              f"per-device spend max {eps['max']:.4g}, mean {eps['mean']:.4g}")
+        print(f"{k:>6}: mean |error| {_num(e['mean_abs'])}, max |error| {_num(e['max_abs'])}; "
+              f"per-device spend max {_num(eps['max'])}, mean {_num(eps['mean'])}")
     print(f"written to {out}/compare.csv, compare.json, compare.png")
     return 0
 
@@ -199,8 +200,6 @@ def _settings(args: argparse.Namespace):
 
     if bool(args.tls_cert) != bool(args.tls_key):
         raise ScenarioError("--tls-cert and --tls-key go together")
-    if args.max_connections is not None and args.max_connections < 1:
-        raise ScenarioError("--max-connections: must be at least 1")
     tls = _tls("--tls-cert/--tls-key", live.server_tls, args.tls_cert, args.tls_key) if args.tls_cert else None
     return LiveSettings(stage_timeout=args.stage_timeout, read_timeout=args.read_timeout,
                         hello_timeout=args.hello_timeout, write_timeout=args.write_timeout,
@@ -227,7 +226,7 @@ def cmd_live(args: argparse.Namespace) -> int:
         result = asyncio.run(live.run_embedded(scenario, args.connections, events, settings, client_tls=client_tls))
     _print_drops(result)
     summary = output.write_run_dir(result, out, ledger_rows=not args.no_ledger_rows)
-    print(f"live run over {args.connections} connection(s): mean |error| {summary['error']['mean_abs']:.4g}; "
+    print(f"live run over {args.connections} connection(s): mean |error| {_num(summary['error']['mean_abs'])}; "
           f"digests {summary['digests']['transcript'][:12]}...; {summary['wall_seconds']:.2f} s -> {out}")
     return 0
 
@@ -242,13 +241,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
     scenario = load(args.scenario, args.set)
     settings = _settings(args)
     out = _resume_dir(args) if args.resume else _live_out(args, scenario.name, "serve")
-    print(f"ldpsim: serving {scenario.name} on {args.host}:{args.port} for {scenario.devices:,} devices", file=sys.stderr)
-    with open(out / "events.jsonl", "a" if args.resume else "w", encoding="utf-8") as events:
-        result = asyncio.run(live.serve(scenario, args.host, args.port, events, settings, out, bool(args.resume)))
+    try:
+        with open(out / "events.jsonl", "a" if args.resume else "w", encoding="utf-8") as events:
+            result = asyncio.run(live.serve(
+                scenario, args.host, args.port, events, settings, out, bool(args.resume),
+                listening=lambda: print(f"ldpsim: serving {scenario.name} on {args.host}:{args.port} for "
+                                        f"{scenario.devices:,} devices", file=sys.stderr)))
+    except ScenarioError:  # e.g. the port in use: a new run directory that holds nothing yet is not left behind
+        if not args.resume and [f.name for f in out.iterdir()] == ["events.jsonl"]:
+            (out / "events.jsonl").unlink()
+            if not args.out:
+                out.rmdir()
+        raise
     _print_drops(result)
     summary = output.write_run_dir(result, out, ledger_rows=False)
     journal.finish(out)  # the run directory is complete: the journal is no longer needed
-    print(f"served {len(result.rounds)} rounds: mean |error| {summary['error']['mean_abs']:.4g} -> {out}")
+    print(f"served {len(result.rounds)} rounds: mean |error| {_num(summary['error']['mean_abs'])} -> {out}")
     return 0
 
 
@@ -275,8 +283,8 @@ def cmd_devices(args: argparse.Namespace) -> int:
 
     scenario = load(args.scenario, args.set)
     host, _, port = args.connect.rpartition(":")
-    if not host or not port.isdigit():
-        raise ScenarioError(f"--connect {args.connect!r}: expected HOST:PORT")
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ScenarioError(f"--connect {args.connect!r}: expected HOST:PORT with a port 1-65535")
     index, _, count = args.shard.partition("/")
     if not (index.isdigit() and count.isdigit() and 1 <= int(index) <= int(count)):
         raise ScenarioError(f"--shard {args.shard!r}: expected I/N with 1 <= I <= N")
@@ -322,12 +330,46 @@ def cmd_protocols(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
-    width = max(len(r["name"]) for r in rows)
+    width, source = max(len(r["name"]) for r in rows), max(len(r["source"]) for r in rows)
     for r in rows:
-        print(f"{r['name']:<{width}}  {r['source']:<10}  {r['summary']}")
+        print(f"{r['name']:<{width}}  {r['source']:<{source}}  {r['summary']}")
     print(f"\n{len(rows)} protocols. A scenario's [protocol] name may also be module:Class (an importable "
           f"parameter class); plugins register under the entry point group {registry.ENTRY_POINT_GROUP!r}.")
     return 0
+
+
+def _count(text: str) -> int:
+    """An argparse type: a whole number >= 1 (connections)."""
+    try:
+        n = int(text.replace("_", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
+
+
+def _seconds(text: str, least: float = 0.0, strict: bool = True) -> float:
+    """An argparse type: a finite number of seconds > 0 (>= 0 where not ``strict``)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not math.isfinite(v) or v < least or (strict and v == least):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds {'>' if strict else '>='} {least:g}, "
+                                         f"got {text}")
+    return v
+
+
+def _pause(text: str) -> float:
+    return _seconds(text, strict=False)
+
+
+def _port(text: str) -> int:
+    """An argparse type: a TCP port, 1-65535."""
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a TCP port 1-65535, got {text!r}")
+    return int(text)
 
 
 def _int_arg(flag: str, text: str) -> int:
@@ -353,7 +395,8 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--transcript", choices=("always", "auto", "never"), default="auto",
                      help="write transcript.parquet (one row per delivered report): auto (default) when devices x "
                           "rounds <= 50,000,000")
-    run.add_argument("--json", action="store_true", help="also print summary.json")
+    run.add_argument("--json", action="store_true",
+                     help="print summary.json on stdout (the one-line report then goes to stderr)")
     run.add_argument("--engine", choices=("local", "ray"), default="local",
                      help="local (default): this machine, [simulation] workers processes; ray: [simulation] "
                           "workers device shards (0: 2) as Ray actors (the ray extra)")
@@ -372,21 +415,23 @@ def parser() -> argparse.ArgumentParser:
     def live_common(p: argparse.ArgumentParser) -> None:
         p.add_argument("scenario", help="a scenario file or shipped name")
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a scenario key")
-        p.add_argument("--stage-timeout", type=float, default=5.0, help="real seconds a stage stays open at most")
-        p.add_argument("--read-timeout", type=float, default=5.0,
-                       help="real seconds a client may take to finish a frame it started")
         p.add_argument("--secret-file", metavar="PATH",
                        help="deployment secret (>= 16 bytes): devices derive HMAC-SHA256(secret, id) credentials "
                             "and the collector refuses a Hello without a valid MAC (protocols/auth.py)")
 
     def server_options(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--max-connections", type=int, metavar="N",
+        p.add_argument("--stage-timeout", type=_seconds, metavar="SECONDS", default=5.0,
+                       help="real seconds a stage stays open at most (default 5)")
+        p.add_argument("--read-timeout", type=_seconds, metavar="SECONDS", default=5.0,
+                       help="real seconds a client may take to finish a frame it started (default 5)")
+        p.add_argument("--max-connections", type=_count, metavar="N",
                        help="connections open at once (default: devices + 64, at most the open-file limit - 64); "
                             "more are closed at once and counted")
-        p.add_argument("--write-timeout", type=float, default=5.0,
-                       help="real seconds a connection's socket may take to accept a broadcast before it is dropped")
-        p.add_argument("--hello-timeout", type=float, default=10.0,
-                       help="real seconds from connecting (TLS handshake included) to the Hello")
+        p.add_argument("--write-timeout", type=_seconds, metavar="SECONDS", default=5.0,
+                       help="real seconds a connection's socket may take to accept a broadcast before it is dropped "
+                            "(default 5)")
+        p.add_argument("--hello-timeout", type=_seconds, metavar="SECONDS", default=10.0,
+                       help="real seconds from connecting (TLS handshake included) to the Hello (default 10)")
         p.add_argument("--tls-cert", metavar="PEM", help="serve over TLS with this certificate chain ...")
         p.add_argument("--tls-key", metavar="PEM", help="... and this private key")
 
@@ -398,30 +443,33 @@ def parser() -> argparse.ArgumentParser:
     live_common(lv)
     server_options(lv)
     client_options(lv)
-    lv.add_argument("--connections", type=int, default=2, help="device client connections (default 2)")
+    lv.add_argument("--connections", type=_count, default=2, metavar="N", help="device client connections (default 2)")
     lv.add_argument("--out", help="run directory (default: runs/<name>-live-<timestamp>)")
-    lv.add_argument("--force", action="store_true")
-    lv.add_argument("--no-ledger-rows", action="store_true")
+    lv.add_argument("--force", action="store_true", help="overwrite a finished run in --out")
+    lv.add_argument("--no-ledger-rows", action="store_true",
+                    help="skip ledger.parquet and ledger.csv (one row per device and charge)")
     lv.set_defaults(func=cmd_live)
     sv = sub.add_parser("serve", help="the collector server alone")
     live_common(sv)
     server_options(sv)
-    sv.add_argument("--host", default="127.0.0.1")
-    sv.add_argument("--port", type=int, default=7337)
+    sv.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0: every "
+                                                         "interface)")
+    sv.add_argument("--port", type=_port, default=7337, help="TCP port to listen on (default 7337)")
     sv.add_argument("--out", help="run directory (default: runs/<name>-serve-<timestamp>)")
-    sv.add_argument("--force", action="store_true")
+    sv.add_argument("--force", action="store_true", help="overwrite a finished run in --out")
     sv.add_argument("--resume", metavar="DIR",
                     help="continue the run of a collector that stopped (killed, crashed) from the journal in its "
                          "run directory DIR, from the round after the last one it closed")
-    sv.add_argument("--round-pause", type=float, default=0.0, metavar="SECONDS",
-                    help="real seconds to wait after each round (pacing a demo or a test)")
+    sv.add_argument("--round-pause", type=_pause, default=0.0, metavar="SECONDS",
+                    help="real seconds to wait after each round (pacing a demo or a test; default 0)")
     sv.set_defaults(func=cmd_serve)
     dv = sub.add_parser("devices", help="device clients for one shard of the population")
     live_common(dv)
     client_options(dv)
-    dv.add_argument("--connect", required=True, metavar="HOST:PORT")
+    dv.add_argument("--connect", required=True, metavar="HOST:PORT", help="the collector (ldpsim serve) to connect to")
     dv.add_argument("--shard", default="1/1", metavar="I/N", help="this process hosts shard I of N (1-based)")
-    dv.add_argument("--connections", type=int, default=1)
+    dv.add_argument("--connections", type=_count, default=1, metavar="N", help="connections this shard's devices share "
+                                                                  "(default 1)")
     dv.add_argument("--out", help="directory for this shard's ledger and its saved device state "
                                   "(devices-shard-I-of-N.state: reloaded automatically when it is there)")
     dv.add_argument("--resume", action="store_true",
@@ -481,7 +529,7 @@ def parser() -> argparse.ArgumentParser:
         description="Run canary devices through the real device side with two inputs (one report; and over "
                     "--rounds collections: light vs heavy usage, a change vs none, two change rounds), decide "
                     "each canary's input from its whole transcript with the most powerful test available, and "
-                    "report eps_lb = ln(TPR_low / FPR_high) with 99%% Clopper-Pearson bounds beside the claimed "
+                    "report eps_lb = ln(TPR_low / FPR_high) with 99% Clopper-Pearson bounds beside the claimed "
                     "epsilon. Writes privacy_audit.json, privacy_audit.csv and a plot per protocol to --out; "
                     "exit status 1 when a lower bound exceeds its claim.")
     pa.add_argument("target", metavar="PROTOCOL_OR_SCENARIO",

@@ -19,7 +19,7 @@ import asyncio
 import ssl
 import time
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import Any, Callable, TextIO
 
 import numpy as np
 
@@ -32,7 +32,7 @@ from collector.network import Traffic
 from collector.server import LiveCollector, LiveSettings
 from protocols.ledger import Ledger
 from scenarios.runner import RoundBook, RunResult, _event_logger, guard_counts
-from scenarios.schema import Scenario
+from scenarios.schema import Scenario, ScenarioError
 
 
 @dataclass
@@ -140,8 +140,7 @@ async def run_embedded(sc: Scenario, connections: int = 2, events: TextIO | None
 
 
 def live_result(sc: Scenario, server: LiveCollector, book: RoundBook, ledger: Ledger, wall: float) -> RunResult:
-    network = _Network()
-    network.traffic.reports_sent = server.stats.reports_accepted
+    network = _Network()  # its report counts stay 0 and unused: summary.json says they are unknown here
     network.traffic.messages_sent = server.frames_sent + server.stats.received  # both directions
     network.traffic.messages_delivered = network.traffic.messages_sent
     return RunResult(sc, book.records, ledger, book.world, server, network, server.protocol.transcript_digest(),
@@ -150,17 +149,22 @@ def live_result(sc: Scenario, server: LiveCollector, book: RoundBook, ledger: Le
 
 
 async def serve(sc: Scenario, host: str, port: int, events: TextIO | None = None,
-                settings: LiveSettings | None = None, run_dir: Any = None, resume: bool = False) -> RunResult:
+                settings: LiveSettings | None = None, run_dir: Any = None, resume: bool = False,
+                listening: Callable[[], None] | None = None) -> RunResult:
     """The collector alone (devices connect from elsewhere); returns when the run is over. ``run_dir``: keep a
-    journal there after every round (scenarios/journal.py); ``resume``: first restore the journal there."""
+    journal there after every round (scenarios/journal.py); ``resume``: first restore the journal there;
+    ``listening``: called once the server is bound (a program's "serving ..." line)."""
     from scenarios import journal
 
     t0 = time.perf_counter()
     ledger = Ledger(sc.devices)  # stays empty: devices keep their ledgers (module docstring)
     server, book, _ = build_server(sc, ledger, events, settings or LiveSettings())
-    first = journal.attach(run_dir, sc, server, book, resume) if run_dir is not None else 1
-    await server.start(host, port)
-    try:
+    await listen(server, host, port)
+    if listening is not None:
+        listening()
+    try:  # journal attached after the bind (no journal left by a port in use); no await in between, so no
+        # device is served before it is restored
+        first = journal.attach(run_dir, sc, server, book, resume) if run_dir is not None else 1
         await server.run(first_round=first)
         await server.wait_for_clients_to_leave()
     finally:
@@ -168,6 +172,15 @@ async def serve(sc: Scenario, host: str, port: int, events: TextIO | None = None
     result = live_result(sc, server, book, ledger, time.perf_counter() - t0)
     result.extra["ledger"] = "device shards"  # each `ldpsim devices` process keeps its devices' ledger
     return result
+
+
+async def listen(server: LiveCollector, host: str, port: int) -> int:
+    """Bind ``server`` to host:port; an address in use, an unknown host or a port it may not take is a
+    ScenarioError naming them (one line, not a traceback)."""
+    try:
+        return await server.start(host, port)
+    except (OSError, OverflowError) as exc:  # socket.gaierror is an OSError; OverflowError: port > 65535
+        raise ScenarioError(f"cannot listen on {host}:{port}: {getattr(exc, 'strerror', None) or exc}") from None
 
 
 async def devices(sc: Scenario, host: str, port: int, index: int, count: int, connections: int = 1,

@@ -194,7 +194,7 @@ def privacy_summary(result: RunResult) -> dict:
     (a different kind of number from the within-pattern spend, named as such)."""
     sc = result.scenario
     g = sc.protocol.guarantee(sc.collections)
-    kept = result.extra.get("ledger", "this run") == "this run"
+    kept = _ledger_here(result)
     spend = result.ledger.spend
     max_spend = float(spend.max()) if kept and spend.size else None
     out: dict = {
@@ -223,12 +223,26 @@ def privacy_summary(result: RunResult) -> dict:
     return out
 
 
+def _report_counts(result: RunResult) -> dict:
+    """summary.json's ``reports``. A live collector counts only the reports it took in: what the devices sent
+    and what the network lost are known to the device processes alone, so those are None, with why."""
+    accepted = result.collector.stats.reports_accepted
+    if result.extra.get("runtime") == "live":
+        return {"sent": None, "delivered": None, "lost": None, "accepted": accepted,
+                "unknown": "a live collector sees only the reports that reach it: sent, delivered and lost are "
+                           "known to the device processes"}
+    traffic = result.network.traffic
+    return {"sent": traffic.reports_sent + traffic.reports_lost, "delivered": traffic.reports_sent,
+            "lost": traffic.reports_lost, "accepted": accepted}
+
+
 def summary(result: RunResult) -> dict:
     sc, recs = result.scenario, result.rounds
     k = width_of(sc.protocol)
     truth = _stack([r.truth for r in recs], k)
     est = _stack([r.estimate for r in recs], k)
     stats, traffic = result.collector.stats, result.network.traffic
+    kept = _ledger_here(result)
     return {
         "scenario": sc.name,
         "protocol": sc.protocol.name,
@@ -242,19 +256,19 @@ def summary(result: RunResult) -> dict:
         "parameters": {**dataclasses.asdict(sc.protocol), "round_epsilon": sc.protocol.round_epsilon},
         "error": {**error_summary(sc.protocol.kind, truth, est, bucket_width(sc.protocol)),
                   **(_range_errors(sc, truth, est) if sc.protocol.kind == "stream" else {})},
-        "epsilon": result.ledger.summary() if result.extra.get("ledger", "this run") == "this run" else None,
+        "epsilon": result.ledger.summary() if kept else None,
         "round_epsilon_max": float(sc.protocol.round_epsilon),
         "privacy": privacy_summary(result),
         "messages": {"sent": traffic.messages_sent, "delivered": traffic.messages_delivered,
                      "rejected": stats.rejected, "late": stats.late,
                      "rejected_by_devices": result.device_rejected},
-        "reports": {"sent": traffic.reports_sent + traffic.reports_lost, "delivered": traffic.reports_sent,
-                    "lost": traffic.reports_lost,
-                    "accepted": stats.reports_accepted},
+        "reports": _report_counts(result),
         "clipped_values": int(sum(r.clipped for r in recs)),
         **protocol_summary(result),
         **(_stream_summary(result, truth, est) if sc.protocol.kind == "stream" else {}),
-        "digests": {"transcript": result.transcript_digest, "ledger": result.ledger.digest(),
+        # the ledger's digest where this run kept it (`ldpsim serve`: the device shards do; None, not the
+        # digest of an empty ledger)
+        "digests": {"transcript": result.transcript_digest, "ledger": result.ledger.digest() if kept else None,
                     "estimates": _sha256_bytes(np.array([r.round for r in recs], "<i8"), est.astype("<f8"))},
         "wall_seconds": result.wall_seconds,
         **({"live": result.extra["live"]} if "live" in result.extra else {}),  # live runs: drops by cause

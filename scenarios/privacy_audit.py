@@ -50,6 +50,16 @@ CHUNK = 65_536  # canaries whose transcripts are decoded at once
 MAX_CANDIDATES = 4_096  # thresholds tried on the calibration split
 BINS = 32  # quantile bins of a real-valued report field (empirical test)
 
+def _registered(name: str) -> bool:
+    from protocols import registry
+
+    try:
+        registry.lookup(name)
+    except registry.RegistryError:
+        return False
+    return True
+
+
 def default_table(name: str) -> dict[str, Any] | None:
     """The [protocol] table an audit uses when given a protocol name: the example its parameter class gives
     (``examples``; epsilon 1 unless the protocol's own accounting needs more), or None."""
@@ -607,6 +617,9 @@ def main(target: str, trials: int, rounds: int, as_json: bool, out: str | None, 
         try:
             schema.resolve_path(target)
         except ScenarioError:
+            if _registered(target):
+                raise ScenarioError(f"protocol {target!r} gives no example [protocol] table (its parameter class's "
+                                    f"`examples`): audit a scenario file that uses it instead") from None
             raise ScenarioError(f"{target!r} is neither a protocol ({', '.join(PROTOCOLS)}), nor 'all', "
                                 f"nor a scenario file or shipped scenario name") from None
     say = None if (as_json or quiet) else (lambda msg: print(f"auditing {msg}", file=sys.stderr, flush=True))

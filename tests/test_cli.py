@@ -317,9 +317,9 @@ def test_run_process_output_and_imports(tmp_path):
     p = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=120,
                        env={**os.environ, "PYTHONPROFILEIMPORTTIME": "1"})
     assert p.returncode == 0, p.stderr[-2000:]
-    report, _, printed = p.stdout.partition("\n")
-    assert report.startswith("mean |error|") and "(of each round's mean counter, in the counter's units)" in report
-    assert json.loads(printed) == summary_of(out)
+    report = [line for line in p.stderr.splitlines() if line.startswith("mean |error|")]  # --json: on stderr
+    assert len(report) == 1 and "(of each round's mean counter, in the counter's units)" in report[0]
+    assert json.loads(p.stdout) == summary_of(out)
     imported = {line.rsplit("|", 1)[-1].strip() for line in p.stderr.splitlines() if line.startswith("import time:")}
     assert "numba" in imported and "matplotlib" in imported  # the switch worked
     assert not imported & {"pandas", "matplotlib.pyplot", "pyarrow.compute"}, imported & {"pandas", "matplotlib.pyplot"}
@@ -336,3 +336,59 @@ def test_compare_shows_a_progress_bar_per_run_unless_quiet(tmp_path, capsys):
     quiet = capsys.readouterr()
     assert "simulating" not in quiet.err and "%|" not in quiet.err
     assert quiet.out == shown.out.replace(str(tmp_path / "a"), str(tmp_path / "b"))
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["live", "quickstart", "--connections", "0"], "--connections"),
+    (["live", "quickstart", "--connections", "-3"], "--connections"),
+    (["live", "quickstart", "--stage-timeout", "-1"], "--stage-timeout"),
+    (["live", "quickstart", "--hello-timeout", "nan"], "--hello-timeout"),
+    (["serve", "quickstart", "--port", "99999"], "--port"),
+    (["serve", "quickstart", "--round-pause", "-0.5"], "--round-pause"),
+    (["serve", "quickstart", "--max-connections", "0"], "--max-connections"),
+    (["devices", "quickstart", "--connect", "127.0.0.1:7337", "--connections", "0"], "--connections"),
+])
+def test_live_commands_refuse_bad_numbers_before_doing_anything(argv, flag, tmp_path, capsys):
+    """Connections, ports and timeouts out of range are refused by the parser (exit 2, one line naming the
+    option), not accepted and then crashing at the end of a run, or reported as a run that did nothing."""
+    with pytest.raises(SystemExit) as exc:
+        main(argv + ["--out", str(tmp_path / "x")] if argv[0] != "devices" else argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"ldpsim {argv[0]}: error: argument {flag}"), err
+    assert not (tmp_path / "x").exists()
+
+
+def test_serve_on_a_port_in_use_is_one_line_and_leaves_no_run_directory(tmp_path, capsys):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert main(["serve", "quickstart", "--port", str(port), "--out", str(tmp_path / "srv")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"ldpsim: error: cannot listen on 127.0.0.1:{port}: ") and "\n" not in err, err
+    assert list((tmp_path / "srv").iterdir()) == []  # no journal, no events.jsonl
+    assert main(["devices", "quickstart", "--connect", "127.0.0.1:70000"]) == 2
+    assert "port 1-65535" in capsys.readouterr().err
+
+
+def test_run_json_writes_only_the_summary_on_stdout(tmp_path, capsys):
+    """`ldpsim run --json | jq`: the one-line report goes to stderr, stdout is summary.json alone."""
+    assert main(["run", "quickstart", *SMALL, "--set", "rounds=2", "--out", str(tmp_path / "r"), "--quiet",
+                 "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out) == summary_of(tmp_path / "r")
+    assert "mean |error|" in err
+
+
+def test_protocol_summaries_are_whole_or_cut_at_a_word():
+    """`ldpsim protocols`: a summary is its docstring's first paragraph on one line, cut with "..." only past
+    the limit (1bitmulti and thresh used to stop mid-sentence at a line break)."""
+    from protocols import registry
+
+    for r in registry.available():
+        text = r.summary
+        assert 0 < len(text) <= registry.SUMMARY_CHARS and "\n" not in text, r.name
+        assert text.endswith((".", ")", "...")), (r.name, text)

@@ -191,5 +191,9 @@ def test_serve_and_device_shards_in_separate_processes(tmp_path) -> None:
     # the collector-only run directory says where the ledger is, and shows no spend it does not have
     assert got["privacy"]["ledger"] == "device shards"
     assert got["epsilon"] is None and got["privacy"]["max_spend"] is None
+    assert got["digests"]["ledger"] is None  # not the digest of the empty ledger it never kept
+    # what the devices sent is theirs to know: the collector's counts say so instead of showing a number
+    assert got["reports"]["sent"] is got["reports"]["lost"] is got["reports"]["delivered"] is None
+    assert got["reports"]["accepted"] == sim["reports"]["accepted"] and "unknown" in got["reports"]
     assert not (tmp_path / "srv" / "spend.png").exists()
     assert not list((tmp_path / "srv").glob("spend*")) and not list((tmp_path / "srv").glob("ledger*"))

@@ -76,3 +76,16 @@ def test_shipped_scenario_runs_simulated_and_live_with_equal_digests() -> None:
         sc, connections=3, settings=LiveSettings(stage_timeout=5.0, read_timeout=1.0, startup_timeout=20.0))))
     assert got["digests"] == sim["digests"]
     assert sim["privacy"]["within_guarantee"] and sim["error"]["hist_max_abs"] < 0.1
+
+
+def test_privacy_audit_takes_the_installed_plugin_by_name(monkeypatch) -> None:
+    """`ldpsim privacy-audit losue`: the plugin's ``examples`` table is what a name audits, as for a built-in;
+    a registered protocol without one is told so (not "neither a protocol nor a scenario")."""
+    from scenarios import privacy_audit
+    from scenarios.schema import ScenarioError
+
+    table = privacy_audit.default_table("losue")
+    assert table == {"name": "losue", "epsilon": 2.0, "eps_1": 1.0, "max_value": 24.0, "buckets": 8}
+    monkeypatch.setattr(registry.lookup("losue").params, "examples", {})
+    with pytest.raises(ScenarioError, match=r"^protocol 'losue' gives no example \[protocol\] table"):
+        privacy_audit.main("losue", 100, 2, True, None, None, ())

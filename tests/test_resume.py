@@ -342,9 +342,9 @@ class _KilledServe:
         self.spec, self.sets = KILLED[name]
         self.sc = schema.load(self.spec, self.sets)
         self.port, self.srv, self.dev = _port(), tmp_path / "srv", tmp_path / "dev"
-        self.common = ["--stage-timeout", "20", *_sets(self.sets)]
+        self.common = _sets(self.sets)  # the collector alone closes stages: --stage-timeout is serve's
         self.server = _spawn("serve", self.spec, "--port", self.port, "--out", self.srv, "--round-pause", str(pause),
-                             *self.common)
+                             "--stage-timeout", "20", *self.common)
         self.shards = [_spawn("devices", self.spec, "--connect", f"127.0.0.1:{self.port}", "--shard", f"{i}/2",
                               "--out", self.dev, *self.common) for i in (1, 2)]
         self.procs = [self.server, *self.shards]
@@ -358,7 +358,8 @@ class _KilledServe:
 
     def resume(self) -> None:
         """`ldpsim serve --resume` on the same port; the shards reconnect by themselves; the run finishes."""
-        resumed = _spawn("serve", self.spec, "--port", self.port, "--resume", self.srv, *self.common)
+        resumed = _spawn("serve", self.spec, "--port", self.port, "--resume", self.srv, "--stage-timeout", "20",
+                         *self.common)
         self.procs.append(resumed)
         _finish([resumed, *self.shards])
 
@@ -395,8 +396,9 @@ def test_device_process_killed_mid_run_never_spends_twice(tmp_path: Path) -> Non
     spec, sets = "quickstart", ["population.devices=600", "rounds=8", "network.loss=0", "simulation.cohort_size=100"]
     sc = schema.load(spec, sets)
     port, srv, dev = _port(), tmp_path / "srv", tmp_path / "dev"
-    common = ["--stage-timeout", "30", *_sets(sets)]
-    server = _spawn("serve", spec, "--port", port, "--out", srv, "--round-pause", "0.25", *common)
+    common = _sets(sets)
+    server = _spawn("serve", spec, "--port", port, "--out", srv, "--round-pause", "0.25", "--stage-timeout", "30",
+                    *common)
     args = ["devices", spec, "--connect", f"127.0.0.1:{port}", "--connections", "2", "--out", dev, *common]
     shard1, shard2 = _spawn(*args, "--shard", "1/2"), _spawn(*args, "--shard", "2/2")
     state = journal.device_state_path(dev, 1, 2)

@@ -119,6 +119,8 @@ class LosueParams:
 
     kind = "histogram"
     memoized = True
+    #: the [protocol] table `ldpsim privacy-audit losue` audits when given the protocol's name
+    examples = {LOSUE: {"epsilon": 2.0, "eps_1": 1.0, "max_value": 24.0, "buckets": 8}}
 
     @classmethod
     def from_table(cls, name: str, table: "config.Table", ctx: "config.Context") -> "LosueParams":
