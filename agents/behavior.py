@@ -597,7 +597,9 @@ class Bound:
         for k, call in enumerate(self.calls):
             step = self.behavior.steps[k]
             try:
-                out = call(self._day(k, day, mean), ids, value)
+                # numpy's overflow warnings stay silent: a value that is not finite is this check's one line below
+                with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+                    out = call(self._day(k, day, mean), ids, value)
             except BehaviorError:
                 raise
             except Exception as exc:  # noqa: BLE001 -- name the behavior and the round in one line

@@ -79,10 +79,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise ScenarioError("--ray-address: only with --engine ray")
     if args.out is None:
         out = Path("runs") / f"{scenario.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    elif not args.out.strip():
+        raise ScenarioError("--out: empty path (give a directory; '.' if you mean this one)")
     else:
         out = Path(args.out)
     if (out / "summary.json").exists() and not args.force:
         raise ScenarioError(f"--out {out}: holds a finished run; pass --force to overwrite it or choose another")
+    created = not out.exists()
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -104,6 +107,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         close()
         summary = output.write_run_dir(result, out, ledger_rows=not args.no_ledger_rows, transcript=args.transcript,
                                        painter=painter)
+    except BaseException:  # a run that failed (a behavior's error, an interrupt) leaves no partial run behind
+        clear_previous_run(out)
+        if created and not any(out.iterdir()):
+            out.rmdir()
+        raise
     finally:
         if painter is not None:
             painter.close()

@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import tomllib
+import warnings
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -138,9 +140,13 @@ def load_data(spec: str, field_name: str) -> np.ndarray:
         raise ScenarioError(f"{field_name}: no data file {spec!r} (looked beside the scenario and in {DATA_DIR})")
     if path not in _DATA_CACHE:
         try:
-            data = np.loadtxt(path, dtype=np.float64, ndmin=1)
-        except (ValueError, OSError) as exc:
+            with warnings.catch_warnings():  # an empty file: numpy's warning would come before our one line
+                warnings.simplefilter("ignore", UserWarning)
+                data = np.loadtxt(path, dtype=np.float64, ndmin=1)
+        except (ValueError, OSError, EOFError, zlib.error) as exc:  # EOFError, zlib.error: a damaged .gz
             raise ScenarioError(f"{field_name}: {spec!r} is not one number per line: {exc}"[:300]) from None
+        if data.ndim != 1:
+            raise ScenarioError(f"{field_name}: {spec!r} must hold one number per line, not {data.shape[1]} columns")
         if data.size == 0 or not np.all(np.isfinite(data)) or data.min() < 0:
             raise ScenarioError(f"{field_name}: {spec!r} must hold finite non-negative numbers, one per line")
         data.setflags(write=False)

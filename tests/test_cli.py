@@ -306,6 +306,10 @@ def test_forced_run_that_fails_leaves_no_summary(tmp_path, capsys, monkeypatch):
     assert main(["run", "quickstart", "--out", str(out), "--quiet", "--force", *SMALL]) == 130
     capsys.readouterr()
     assert not (out / "summary.json").exists()
+    assert list(out.iterdir()) == []  # nor any other file of either run (events.jsonl of the failed one)
+    fresh = tmp_path / "new" / "run"  # a directory the failed run made itself is removed
+    assert main(["run", "quickstart", "--out", str(fresh), "--quiet", *SMALL]) == 130
+    assert not fresh.exists() and (tmp_path / "new").is_dir()
 
 
 def test_run_process_output_and_imports(tmp_path):

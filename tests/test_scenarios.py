@@ -562,3 +562,25 @@ def test_a_span_world_refuses_devices_it_does_not_hold():
             part.present(bad)
     with pytest.raises(IndexError, match="outside this world's span"):
         part.totals(150, 250)
+
+
+@pytest.mark.parametrize("name, content, says", [
+    ("cut.txt.gz", "gzip-truncated", "Compressed file ended"),
+    ("bad.txt.gz", b"\x1f\x8b\x08\x00garbagegarbage", "is not one number per line"),
+    ("two.txt", b"1 2\n3 4\n", "must hold one number per line, not 2 columns"),
+    ("empty.txt", b"# nothing\n\n", "must hold finite non-negative numbers"),
+    ("neg.txt", b"1\n-2\n", "must hold finite non-negative numbers"),
+])
+def test_a_bad_data_file_is_one_line_naming_it(tmp_path, recwarn, name, content, says):
+    """A data set that is damaged (a cut or corrupt .gz), has two numbers a line (which used to pass and crash
+    the run's kernel), or is empty is a ScenarioError naming the field and file, with no warning before it."""
+    import gzip
+
+    path = tmp_path / name
+    numbers = "".join(f"{i}\n" for i in range(1, 1001)).encode()
+    path.write_bytes(gzip.compress(numbers)[:200] if content == "gzip-truncated" else content)
+    counter = f'population.groups.0.counter={{dist="data", path="{path}"}}'
+    with pytest.raises(ScenarioError, match=r"^population\.groups\[0\]\.counter\.path: ") as exc:
+        load("quickstart", [counter])
+    assert says in str(exc.value) and "\n" not in str(exc.value)
+    assert not [w for w in recwarn if issubclass(w.category, UserWarning)]
