@@ -117,7 +117,23 @@ def _message(record: Any, where: str) -> tuple[float, Any]:
         raise AuditInputError(f"{where}: malformed broadcast record: {exc!s}"[:300]) from None
 
 
+#: the type each key column of the run's tables must have: (test on the Arrow type, what it must be)
+_COLUMN_TYPES: dict[str, tuple[str, str]] = {
+    "device": ("integer", "integers"), "round": ("integer", "integers"), "amount": ("number", "numbers"),
+    "spend": ("number", "numbers"), "stage": ("text", "strings"), "reason": ("text", "strings")}
+
+
+def _type_is(kind: str, t: Any) -> bool:
+    import pyarrow as pa
+
+    if kind == "text":
+        return pa.types.is_string(t) or pa.types.is_large_string(t) or (
+            pa.types.is_dictionary(t) and (pa.types.is_string(t.value_type) or pa.types.is_large_string(t.value_type)))
+    return pa.types.is_integer(t) or (kind == "number" and pa.types.is_floating(t))
+
+
 def _parquet(path: Path, what: str, required: Sequence[str]) -> Any:
+    """A run's table with the ``required`` columns, each of its type (:data:`_COLUMN_TYPES`)."""
     import pyarrow.parquet as pq
 
     if not path.is_file():
@@ -129,6 +145,10 @@ def _parquet(path: Path, what: str, required: Sequence[str]) -> Any:
     missing = [c for c in required if c not in table.column_names]
     if missing:
         raise AuditInputError(f"{path}: no column {missing[0]!r}")
+    for c in required:
+        kind, plural = _COLUMN_TYPES.get(c, ("", ""))
+        if kind and not _type_is(kind, table.schema.field(c).type):
+            raise AuditInputError(f"{path}: column {c!r} must hold {plural}, not {table.schema.field(c).type}")
     return table
 
 
@@ -154,7 +174,8 @@ def load(run_dir: Path | str, ledgers: Sequence[Path | str] | None = None) -> Ru
     privacy = summary.get("privacy")
     if not isinstance(privacy, dict) or not isinstance(privacy.get("guarantee"), (int, float)):
         raise AuditInputError(f"{run / 'summary.json'}: no privacy.guarantee")
-    digest = (summary.get("digests") or {}).get("transcript")
+    digests = summary.get("digests")
+    digest = digests.get("transcript") if isinstance(digests, dict) else None
     if not isinstance(digest, str):
         raise AuditInputError(f"{run / 'summary.json'}: no digests.transcript")
     if summary.get("protocol") != scenario.protocol.name or summary.get("seed") != scenario.seed:
@@ -163,17 +184,20 @@ def load(run_dir: Path | str, ledgers: Sequence[Path | str] | None = None) -> Ru
     if not path.is_file():
         raise AuditInputError(f"{path}: missing (the collector's broadcasts)")
     downlink, times = [], []
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise AuditInputError(f"{path}:{i}: not valid JSON: {exc}") from None
-            t, msg = _message(record, f"{path}:{i}")
-            times.append(t)
-            downlink.append(msg)
+    try:
+        lines = path.read_text(encoding="utf-8").split("\n")
+    except UnicodeDecodeError as exc:
+        raise AuditInputError(f"{path}: not UTF-8 text: {exc}"[:300]) from None
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise AuditInputError(f"{path}:{i}: not valid JSON: {exc}") from None
+        t, msg = _message(record, f"{path}:{i}")
+        times.append(t)
+        downlink.append(msg)
     if any(b < a for a, b in zip(times, times[1:])):
         raise AuditInputError(f"{path}: broadcasts are not in time order")
     transcript = _parquet(run / tables.TRANSCRIPT, "the delivered reports; write it with ldpsim run --transcript "

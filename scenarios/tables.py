@@ -112,10 +112,34 @@ def transcript_meta(table_or_schema: pa.Table | pa.Schema) -> dict:
     raw = (schema.metadata or {}).get(META_KEY)
     if raw is None:
         raise ValueError("not an ldpsim transcript table (no ldpsim.transcript schema metadata)")
-    meta = json.loads(raw)
+    try:
+        meta = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"ldpsim.transcript metadata is not JSON: {exc}") from None
+    if not isinstance(meta, dict):
+        raise ValueError("ldpsim.transcript metadata must be a JSON object")
     if meta.get("format") != FORMAT:
         raise ValueError(f"transcript format {meta.get('format')!r}, this reader knows {FORMAT!r}")
+    _check_meta(meta)
     return meta
+
+
+def _check_meta(meta: dict) -> None:
+    """The shape the readers rely on (a damaged file's metadata: a ValueError naming what is wrong)."""
+    devices = meta.get("devices")
+    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 0:
+        raise ValueError(f"ldpsim.transcript metadata: devices must be a whole number >= 0, got {devices!r:.40}")
+    stages = meta.get("stages")
+    if not isinstance(stages, list) or not all(isinstance(st, dict) for st in stages):
+        raise ValueError("ldpsim.transcript metadata: stages must be a list of objects")
+    for st in stages:
+        cols = st.get("columns")
+        if not isinstance(st.get("name"), str) or not isinstance(cols, list) or not all(
+                isinstance(c, dict) and isinstance(c.get("name"), str) and isinstance(c.get("dtype"), str)
+                and isinstance(c.get("width"), int) and not isinstance(c.get("width"), bool) and c["width"] >= 1
+                for c in cols):
+            raise ValueError(f"ldpsim.transcript metadata: stage {st.get('name')!r:.40} needs a name and columns "
+                             "(each with name, dtype and width >= 1)")
 
 
 def _stage_specs(meta: dict) -> list[tuple[str, list[tuple[str, str, int]]]]:

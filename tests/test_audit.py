@@ -16,7 +16,7 @@ import pytest
 
 from protocols import onebit, thresh
 from protocols.ledger import MEMO_REVEAL, ROUND_GUARANTEE, Charge
-from scenarios import audit, cli, output, runner, schema
+from scenarios import audit, cli, output, runner, schema, tables
 
 SMALL = {
     "quickstart": ["population.devices=400", "rounds=6"],
@@ -165,6 +165,26 @@ def _copy(src: Path, dst: Path) -> Path:
 
 def _rewrite(path: Path, table: pa.Table) -> None:
     pq.write_table(table, path)
+
+
+def _edit_json(path: Path, **changes) -> None:
+    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+
+
+def _retype(path: Path, column: str, to: pa.DataType) -> None:
+    """The table with ``column`` cast to another type (e.g. numbers as strings), its metadata kept."""
+    table = pq.read_table(path)
+    at = table.schema.get_field_index(column)
+    cast = table[column].cast(pa.string()) if pa.types.is_dictionary(table[column].type) else table[column]
+    _rewrite(path, table.set_column(at, pa.field(column, to), cast.cast(to)))
+
+
+META = f'"format": "{tables.FORMAT}", "protocol": "1bitrrpm"'  # the start of a transcript's metadata
+
+
+def _transcript_meta(run: Path, text: str) -> None:
+    table = pq.read_table(run / "transcript.parquet")
+    _rewrite(run / "transcript.parquet", table.replace_schema_metadata({b"ldpsim.transcript": text.encode()}))
 
 
 def test_tampered_ledger_amount(tmp_path, clean_runs) -> None:
@@ -338,6 +358,18 @@ def test_cli_json_and_exit_codes(tmp_path, clean_runs, capsys) -> None:
     (lambda r: (r / "ledger.parquet").unlink(), "ledger.parquet: missing"),
     (lambda r: (r / "scenario.json").write_text(json.dumps({"name": "x"})), "scenario.json: rounds: required"),
     (lambda r: (r / "summary.json").write_text(json.dumps({"protocol": "1bitrrpm"})), "no privacy.guarantee"),
+    # found by a hostile-input pass: each was a traceback
+    (lambda r: (r / "downlink.jsonl").write_bytes(b"\xff\xfe" + (r / "downlink.jsonl").read_bytes()),
+     "downlink.jsonl: not UTF-8 text"),
+    (lambda r: _edit_json(r / "summary.json", digests=5), "no digests.transcript"),
+    (lambda r: _retype(r / "transcript.parquet", "round", pa.string()), "column 'round' must hold integers"),
+    (lambda r: _retype(r / "ledger.parquet", "amount", pa.string()), "column 'amount' must hold numbers"),
+    (lambda r: _retype(r / "ledger.parquet", "device", pa.string()), "column 'device' must hold integers"),
+    (lambda r: _retype(r / "spend.parquet", "spend", pa.string()), "column 'spend' must hold numbers"),
+    (lambda r: _transcript_meta(r, "[1, 2]"), "metadata must be a JSON object"),
+    (lambda r: _transcript_meta(r, f'{{{META}, "stages": []}}'), "devices must be"),
+    (lambda r: _transcript_meta(r, f'{{{META}, "devices": 5, "stages": [{{"name": "x"}}]}}'),
+     "stage 'x' needs a name and columns"),
 ])
 def test_bad_run_directories_exit_2(tmp_path, clean_runs, capsys, damage, needle) -> None:
     run = _copy(clean_runs["quickstart"], tmp_path / "run")
