@@ -130,8 +130,8 @@ class DeviceClient:
             self.writer = writer
             try:
                 await self._session(reader, writer)
-            except (ConnectionError, asyncio.IncompleteReadError, OSError):
-                pass
+            except (ConnectionError, asyncio.IncompleteReadError, OSError, wire.WireError):
+                pass  # a broken connection, or a collector framing its bytes wrongly (too large): connect again
             finally:
                 writer.close()
                 self.writer = None

@@ -120,6 +120,10 @@ def _point(base: dict[str, Any], pairs: list[tuple[str, Any]], after: tuple[str,
     return apply_overrides(data, list(after)) if after else data
 
 
+#: runs in one sweep at most (a typo such as --repeat 1000000000 is refused rather than planned for minutes)
+MAX_RUNS = 10_000_000
+
+
 def derive_seeds(base_seed: int, repeat: int) -> list[int]:
     """The seed of each repetition: ``stream_key(base_seed, SWEEP_PURPOSE, r) & (2**63 - 1)``."""
     return [stream_key(base_seed, SWEEP_PURPOSE, r) & SEED_MASK for r in range(repeat)]
@@ -285,6 +289,10 @@ def plan(spec: str, grid_args: list[str], repeat: str | int | None = None, worke
         raise ScenarioError("--repeat: required (or repeat = R in the scenario's [sweep] table)")
     n_rep = _positive_int(repeat if repeat is not None else table["repeat"],
                           "--repeat" if repeat is not None else "sweep.repeat")
+    runs = n_rep * math.prod(len(v) for v in grid.values())
+    if runs > MAX_RUNS:  # refused at once, before deriving a seed per repetition and a job per run
+        raise ScenarioError(f"{runs:,} runs ({'x'.join(str(len(v)) for v in grid.values())} grid points x "
+                            f"{n_rep:,} repetitions) exceed the limit of {MAX_RUNS:,} for one sweep")
     if workers is not None:
         n_workers = _positive_int(workers, "--workers")
     elif "workers" in table:
@@ -587,7 +595,7 @@ def _prepare(sweep: Sweep, out: Path, force: bool) -> None:
                 theirs = json.loads(meta.read_text(encoding="utf-8"))
             except (OSError, ValueError):
                 theirs = {}
-            diff = differences(theirs, mine)
+            diff = differences(theirs if isinstance(theirs, dict) else {}, mine)  # not an object: another sweep
             if diff:
                 raise ScenarioError(f"--out {out}: holds a different sweep ({', '.join(diff)} differ); "
                                     "pass --force to start over or choose another directory")
@@ -601,6 +609,13 @@ def _prepare(sweep: Sweep, out: Path, force: bool) -> None:
     _write_atomic(meta, json.dumps(mine, indent=2) + "\n")
 
 
+def _readable_summary(summary: Any) -> bool:
+    """Whether a runs.jsonl line's summary has the shape results.csv reads (its error and epsilon figures as
+    objects)."""
+    return isinstance(summary, dict) and all(isinstance(summary.get(k, {}), dict) or summary.get(k) is None
+                                             for k in ("error", "epsilon"))
+
+
 def load_records(sweep: Sweep, out: Path) -> dict[tuple[int, int], dict[str, Any]]:
     """The finished runs in DIR/runs.jsonl by (point index, repetition). Lines that cannot be read or do
     not belong to this sweep (e.g. a line cut short by a kill) are dropped from the file, with a warning."""
@@ -610,14 +625,14 @@ def load_records(sweep: Sweep, out: Path) -> dict[tuple[int, int], dict[str, Any
     index = {_canon(list(p)): i for i, p in enumerate(sweep.points)}
     records: dict[tuple[int, int], dict[str, Any]] = {}
     kept, dropped = [], 0
-    text = path.read_text(encoding="utf-8")
+    text = path.read_bytes().decode("utf-8", errors="replace")  # bytes that are not text: lines dropped below
     for line in text.splitlines():
         try:
             rec = json.loads(line)
             i = index[_canon([rec["point"][k] for k in sweep.keys])]
             rep = rec["repetition"]
             ok = (len(rec["point"]) == len(sweep.keys) and isinstance(rep, int) and 0 <= rep < sweep.repeat
-                  and rec["seed"] == sweep.seeds[rep] and isinstance(rec["summary"], dict)
+                  and rec["seed"] == sweep.seeds[rep] and _readable_summary(rec["summary"])
                   and (i, rep) not in records)
         except (ValueError, KeyError, TypeError, IndexError):
             ok = False

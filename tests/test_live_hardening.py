@@ -521,3 +521,36 @@ def test_serve_exits_with_an_idle_connection_open(tmp_path) -> None:
     summary = json.loads((tmp_path / "srv" / "summary.json").read_text())
     assert summary["live"]["authenticated"] is True
     assert summary["reports"]["accepted"] == 300 * 3
+
+
+@pytest.mark.asyncio
+async def test_a_collector_sending_an_oversized_frame_is_left_and_tried_again() -> None:
+    """A collector whose first bytes announce a frame over the limit: the device client drops the connection
+    and connects again (it used to end in a FrameTooLarge traceback); it never reports, so nothing is charged,
+    and with no collector left it stops with the one ConnectionError `ldpsim devices` turns into one line."""
+    sc = protocol_scenario(PROTOCOL, **{"population.devices": 50, "rounds": 2})
+    accepted = 0
+
+    async def hostile(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal accepted
+        accepted += 1
+        writer.write(struct.pack(">I", 0xFFFFFFF0) + b"x" * 64)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(hostile, HOST, 0)
+    port = server.sockets[0].getsockname()[1]
+    ledger = Ledger(sc.devices)
+    client = live.build_client(sc, live.shard(sc.devices, 0, 1), ledger, HOST, port)
+    client.backoff, client.give_up_after = (0.01, 0.02), 0.3
+    task = asyncio.create_task(client.run())
+    for _ in range(500):  # 5 s at most: a client that died at the first frame never comes back
+        if accepted >= 3 or task.done():
+            break
+        await asyncio.sleep(0.01)
+    assert accepted >= 3 and not task.done(), task.exception() if task.done() else accepted
+    server.close()
+    await server.wait_closed()
+    with pytest.raises(ConnectionError, match="no collector at"):
+        await asyncio.wait_for(task, 10)
+    assert client.connections >= 3 and not ledger.spend.any()

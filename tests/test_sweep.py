@@ -694,3 +694,25 @@ def test_a_key_swept_beside_a_whole_table_is_checked_with_the_sets_on_top():
     assert len(plan.points) == 8 and {plan.point_data(p)["protocol"]["holdout"] for p in plan.points} == {1024}
     with pytest.raises(ScenarioError, match=r"protocol\.holdout: must be .* below 4096, got 65536$"):
         sweep.plan(spec, ["protocol.threshold_epsilon=0.5,2", "protocol.method=sw-w"], repeat=1, overrides=small)
+
+
+def test_a_damaged_sweep_directory_resumes_or_is_refused_in_one_line(tmp_path, capsys):
+    """runs.jsonl of bytes that are not text, or a line whose summary results.csv cannot read, is dropped (and
+    rerun) rather than a traceback; a sweep.json that is no object is another sweep; a typo of a repeat count is
+    refused at once rather than planned for minutes."""
+    out = tmp_path / "sw"
+    argv = ["sweep", "quickstart", "--quiet", "--set", "population.devices=300", "--set", "rounds=2", "--repeat",
+            "1", "--grid", "protocol.epsilon=0.5,1", "--workers", "1", "--out", str(out)]
+    assert main(argv) == 0
+    lines = (out / "runs.jsonl").read_text().splitlines()
+    (out / "runs.jsonl").write_bytes(b"\xff\xfe\x00garbage\n" + lines[1].encode() + b"\n")
+    assert main(argv) == 0 and "dropped 1 unreadable" in capsys.readouterr().err
+    bad = json.loads(lines[0])
+    bad["summary"]["error"] = "bad"
+    (out / "runs.jsonl").write_text(json.dumps(bad) + "\n" + lines[1] + "\n")
+    assert main(argv) == 0 and "dropped 1 unreadable" in capsys.readouterr().err
+    assert len((out / "runs.jsonl").read_text().splitlines()) == 2
+    (out / "sweep.json").write_text("[]")
+    assert main(argv) == 2 and "holds a different sweep" in capsys.readouterr().err
+    with pytest.raises(ScenarioError, match=r"^2,000,000,000 runs .* exceed the limit of 10,000,000"):
+        sweep.plan("quickstart", ["protocol.epsilon=0.5,1"], repeat=1_000_000_000)
