@@ -108,6 +108,7 @@ class DeviceClient:
     async def run(self) -> None:
         delay = self.backoff[0]
         failing_since: float | None = None
+        misframed = 0  # sessions in a row that the collector ended with bytes no frame can hold
         loop = asyncio.get_running_loop()
         while not self.done:
             try:
@@ -130,8 +131,12 @@ class DeviceClient:
             self.writer = writer
             try:
                 await self._session(reader, writer)
-            except (ConnectionError, asyncio.IncompleteReadError, OSError, wire.WireError):
-                pass  # a broken connection, or a collector framing its bytes wrongly (too large): connect again
+                misframed = 0
+            except (ConnectionError, asyncio.IncompleteReadError, OSError):
+                misframed = 0  # a broken connection: connect again
+            except wire.WireError:  # a frame over the limit: leave, and back off as from a refused connection
+                misframed += 1
+                delay = min(self.backoff[0] * 2 ** min(misframed, 30), self.backoff[1])
             finally:
                 writer.close()
                 self.writer = None

@@ -80,7 +80,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.out is None:
         out = Path("runs") / f"{scenario.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     elif not args.out.strip():
-        raise ScenarioError("--out: empty path (give a directory; '.' if you mean this one)")
+        raise ScenarioError("--out: empty path (give the run directory)")
     else:
         out = Path(args.out)
     if (out / "summary.json").exists() and not args.force:
@@ -108,6 +108,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         summary = output.write_run_dir(result, out, ledger_rows=not args.no_ledger_rows, transcript=args.transcript,
                                        painter=painter)
     except BaseException:  # a run that failed (a behavior's error, an interrupt) leaves no partial run behind
+        if painter is not None:  # its pictures drawn (or abandoned) first: none lands after the clearing
+            painter.close()
+            painter = None
         clear_previous_run(out)
         if created and not any(out.iterdir()):
             out.rmdir()

@@ -230,7 +230,7 @@ def _report_counts(result: RunResult) -> dict:
     if result.extra.get("runtime") == "live":
         return {"sent": None, "delivered": None, "lost": None, "accepted": accepted,
                 "unknown": "a live collector sees only the reports that reach it: sent, delivered and lost are "
-                           "known to the device processes"}
+                           "known to the device clients alone"}
     traffic = result.network.traffic
     return {"sent": traffic.reports_sent + traffic.reports_lost, "delivered": traffic.reports_sent,
             "lost": traffic.reports_lost, "accepted": accepted}

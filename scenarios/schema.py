@@ -142,11 +142,12 @@ def load_data(spec: str, field_name: str) -> np.ndarray:
         try:
             with warnings.catch_warnings():  # an empty file: numpy's warning would come before our one line
                 warnings.simplefilter("ignore", UserWarning)
-                data = np.loadtxt(path, dtype=np.float64, ndmin=1)
+                data = np.loadtxt(path, dtype=np.float64, ndmin=2)  # (lines, numbers a line), even for one
         except (ValueError, OSError, EOFError, zlib.error) as exc:  # EOFError, zlib.error: a damaged .gz
             raise ScenarioError(f"{field_name}: {spec!r} is not one number per line: {exc}"[:300]) from None
-        if data.ndim != 1:
+        if data.shape[1] > 1:
             raise ScenarioError(f"{field_name}: {spec!r} must hold one number per line, not {data.shape[1]} columns")
+        data = data.ravel()
         if data.size == 0 or not np.all(np.isfinite(data)) or data.min() < 0:
             raise ScenarioError(f"{field_name}: {spec!r} must hold finite non-negative numbers, one per line")
         data.setflags(write=False)

@@ -612,8 +612,7 @@ def _prepare(sweep: Sweep, out: Path, force: bool) -> None:
 def _readable_summary(summary: Any) -> bool:
     """Whether a runs.jsonl line's summary has the shape results.csv reads (its error and epsilon figures as
     objects)."""
-    return isinstance(summary, dict) and all(isinstance(summary.get(k, {}), dict) or summary.get(k) is None
-                                             for k in ("error", "epsilon"))
+    return isinstance(summary, dict) and all(isinstance(summary.get(k, {}), dict) for k in ("error", "epsilon"))
 
 
 def load_records(sweep: Sweep, out: Path) -> dict[tuple[int, int], dict[str, Any]]:

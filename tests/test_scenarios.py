@@ -568,6 +568,7 @@ def test_a_span_world_refuses_devices_it_does_not_hold():
     ("cut.txt.gz", "gzip-truncated", "Compressed file ended"),
     ("bad.txt.gz", b"\x1f\x8b\x08\x00garbagegarbage", "is not one number per line"),
     ("two.txt", b"1 2\n3 4\n", "must hold one number per line, not 2 columns"),
+    ("one-line.txt", b"1 2\n", "must hold one number per line, not 2 columns"),
     ("empty.txt", b"# nothing\n\n", "must hold finite non-negative numbers"),
     ("neg.txt", b"1\n-2\n", "must hold finite non-negative numbers"),
 ])

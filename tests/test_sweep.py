@@ -707,11 +707,12 @@ def test_a_damaged_sweep_directory_resumes_or_is_refused_in_one_line(tmp_path, c
     lines = (out / "runs.jsonl").read_text().splitlines()
     (out / "runs.jsonl").write_bytes(b"\xff\xfe\x00garbage\n" + lines[1].encode() + b"\n")
     assert main(argv) == 0 and "dropped 1 unreadable" in capsys.readouterr().err
-    bad = json.loads(lines[0])
-    bad["summary"]["error"] = "bad"
-    (out / "runs.jsonl").write_text(json.dumps(bad) + "\n" + lines[1] + "\n")
-    assert main(argv) == 0 and "dropped 1 unreadable" in capsys.readouterr().err
-    assert len((out / "runs.jsonl").read_text().splitlines()) == 2
+    for damaged in ("bad", None):
+        bad = json.loads(lines[0])
+        bad["summary"]["error"] = damaged
+        (out / "runs.jsonl").write_text(json.dumps(bad) + "\n" + lines[1] + "\n")
+        assert main(argv) == 0 and "dropped 1 unreadable" in capsys.readouterr().err
+        assert len((out / "runs.jsonl").read_text().splitlines()) == 2
     (out / "sweep.json").write_text("[]")
     assert main(argv) == 2 and "holds a different sweep" in capsys.readouterr().err
     with pytest.raises(ScenarioError, match=r"^2,000,000,000 runs .* exceed the limit of 10,000,000"):
