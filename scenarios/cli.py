@@ -34,6 +34,14 @@ def clear_previous_run(out: Path) -> None:
                 path.unlink()
 
 
+def discard_partial_run(out: Path, remove_dir: bool) -> None:
+    """What a failed run wrote in ``out`` (its run files), and ``out`` itself where it is then empty and
+    ``remove_dir`` (the run made it): nothing half-written stays behind."""
+    clear_previous_run(out)
+    if remove_dir and not any(out.iterdir()):
+        out.rmdir()
+
+
 def _num(x: float | None) -> str:
     """A figure for the one-line report; n/a where it is unknown (e.g. no round had an estimate)."""
     return "n/a" if x is None else f"{x:.4g}"
@@ -111,9 +119,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if painter is not None:  # its pictures drawn (or abandoned) first: none lands after the clearing
             painter.close()
             painter = None
-        clear_previous_run(out)
-        if created and not any(out.iterdir()):
-            out.rmdir()
+        discard_partial_run(out, created)
         raise
     finally:
         if painter is not None:
@@ -260,9 +266,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                                         f"{scenario.devices:,} devices", file=sys.stderr)))
     except ScenarioError:  # e.g. the port in use: a new run directory that holds nothing yet is not left behind
         if not args.resume and [f.name for f in out.iterdir()] == ["events.jsonl"]:
-            (out / "events.jsonl").unlink()
-            if not args.out:
-                out.rmdir()
+            discard_partial_run(out, not args.out)
         raise
     _print_drops(result)
     summary = output.write_run_dir(result, out, ledger_rows=False)
@@ -363,20 +367,20 @@ def _count(text: str) -> int:
     return n
 
 
-def _seconds(text: str, least: float = 0.0, strict: bool = True) -> float:
-    """An argparse type: a finite number of seconds > 0 (>= 0 where not ``strict``)."""
+def _seconds(text: str, zero: bool = False) -> float:
+    """An argparse type: a finite number of seconds > 0 (>= 0 with ``zero``)."""
     try:
         v = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not math.isfinite(v) or v < least or (strict and v == least):
-        raise argparse.ArgumentTypeError(f"must be a finite number of seconds {'>' if strict else '>='} {least:g}, "
-                                         f"got {text}")
+    if not math.isfinite(v) or v < 0 or (v == 0 and not zero):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds {'>=' if zero else '>'} 0, got {text}")
     return v
 
 
 def _pause(text: str) -> float:
-    return _seconds(text, strict=False)
+    """An argparse type: a finite number of seconds >= 0."""
+    return _seconds(text, zero=True)
 
 
 def _port(text: str) -> int:

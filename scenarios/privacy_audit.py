@@ -50,24 +50,22 @@ CHUNK = 65_536  # canaries whose transcripts are decoded at once
 MAX_CANDIDATES = 4_096  # thresholds tried on the calibration split
 BINS = 32  # quantile bins of a real-valued report field (empirical test)
 
-def _registered(name: str) -> bool:
+
+def _protocol_class(name: str) -> type | None:
+    """The parameter class registered under ``name``, or None."""
     from protocols import registry
 
     try:
-        registry.lookup(name)
+        return registry.lookup(name).params
     except registry.RegistryError:
-        return False
-    return True
+        return None
 
 
 def default_table(name: str) -> dict[str, Any] | None:
     """The [protocol] table an audit uses when given a protocol name: the example its parameter class gives
     (``examples``; epsilon 1 unless the protocol's own accounting needs more), or None."""
-    from protocols import registry
-
-    try:
-        cls = registry.lookup(name).params
-    except registry.RegistryError:
+    cls = _protocol_class(name)
+    if cls is None:
         return None
     table = getattr(cls, "examples", {}).get(name)
     return None if table is None else {"name": name, **table}
@@ -617,7 +615,7 @@ def main(target: str, trials: int, rounds: int, as_json: bool, out: str | None, 
         try:
             schema.resolve_path(target)
         except ScenarioError:
-            if _registered(target):
+            if _protocol_class(target) is not None:
                 raise ScenarioError(f"protocol {target!r} gives no example [protocol] table (its parameter class's "
                                     f"`examples`): audit a scenario file that uses it instead") from None
             raise ScenarioError(f"{target!r} is neither a protocol ({', '.join(PROTOCOLS)}), nor 'all', "
