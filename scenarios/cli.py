@@ -54,7 +54,8 @@ def _progress_bar(total: int, enabled: bool, desc: str = "simulating"):
 
     bar = tqdm(total=total, unit="round", desc=desc, file=sys.stderr, dynamic_ncols=True)
 
-    def update(done: int, _total: int) -> None:
+    def update(done: int, of: int) -> None:
+        bar.total = of  # a live run counts collections (THRESH: epochs), not rounds
         bar.update(done - bar.n)
 
     return update, bar.close
@@ -230,6 +231,17 @@ def _print_drops(result) -> None:
         print("ldpsim: connections dropped: " + ", ".join(f"{k} {v}" for k, v in dropped.items()), file=sys.stderr)
 
 
+def _network_note(scenario) -> None:
+    """Say which of the scenario's simulated network settings a live run leaves out (live.ignored_network)."""
+    from scenarios import live
+
+    ignored = live.ignored_network(scenario)
+    if ignored:
+        items = ", ".join(f"{k} {v:g}" for k, v in ignored.items())
+        print(f"ldpsim: note: a live run over real TCP does not simulate the scenario's network {items} "
+              "(summary.json live.network_not_applied)", file=sys.stderr)
+
+
 def cmd_live(args: argparse.Namespace) -> int:
     """Server and device clients in one process over loopback TCP."""
     import asyncio
@@ -239,8 +251,14 @@ def cmd_live(args: argparse.Namespace) -> int:
     scenario = load(args.scenario, args.set)
     settings, client_tls = _settings(args), _client_tls(args)  # a bad secret or certificate: before any file
     out = _live_out(args, scenario.name, "live")
-    with open(out / "events.jsonl", "w", encoding="utf-8") as events:
-        result = asyncio.run(live.run_embedded(scenario, args.connections, events, settings, client_tls=client_tls))
+    _network_note(scenario)
+    update, close = _progress_bar(scenario.rounds, not args.quiet, "live rounds")
+    try:
+        with open(out / "events.jsonl", "w", encoding="utf-8") as events:
+            result = asyncio.run(live.run_embedded(scenario, args.connections, events, settings,
+                                                   client_tls=client_tls, progress=update))
+    finally:
+        close()
     _print_drops(result)
     summary = output.write_run_dir(result, out, ledger_rows=not args.no_ledger_rows)
     print(f"live run over {args.connections} connection(s): mean |error| {_num(summary['error']['mean_abs'])}; "
@@ -258,16 +276,29 @@ def cmd_serve(args: argparse.Namespace) -> int:
     scenario = load(args.scenario, args.set)
     settings = _settings(args)
     out = _resume_dir(args) if args.resume else _live_out(args, scenario.name, "serve")
+    bar: list = [None, lambda: None]  # (update, close): the progress bar, started below the "serving" line
+
+    def listening(port: int) -> None:
+        _network_note(scenario)
+        print(f"ldpsim: serving {scenario.name} on {args.host}:{port}; waiting up to "
+              f"{settings.startup_timeout:g} s for {scenario.devices:,} devices (ldpsim devices {args.scenario} "
+              f"--connect HOST:{port} --shard I/N)", file=sys.stderr, flush=True)
+        bar[:] = _progress_bar(scenario.rounds, not args.quiet, "live rounds")
+
+    def progress(done: int, of: int) -> None:
+        if bar[0] is not None:
+            bar[0](done, of)
+
     try:
         with open(out / "events.jsonl", "a" if args.resume else "w", encoding="utf-8") as events:
-            result = asyncio.run(live.serve(
-                scenario, args.host, args.port, events, settings, out, bool(args.resume),
-                listening=lambda: print(f"ldpsim: serving {scenario.name} on {args.host}:{args.port} for "
-                                        f"{scenario.devices:,} devices", file=sys.stderr)))
+            result = asyncio.run(live.serve(scenario, args.host, args.port, events, settings, out, bool(args.resume),
+                                            listening=listening, progress=progress))
     except ScenarioError:  # e.g. the port in use: a new run directory that holds nothing yet is not left behind
         if not args.resume and [f.name for f in out.iterdir()] == ["events.jsonl"]:
             discard_partial_run(out, not args.out)
         raise
+    finally:
+        bar[1]()
     _print_drops(result)
     summary = output.write_run_dir(result, out, ledger_rows=False)
     journal.finish(out)  # the run directory is complete: the journal is no longer needed
@@ -384,9 +415,9 @@ def _pause(text: str) -> float:
 
 
 def _port(text: str) -> int:
-    """An argparse type: a TCP port, 1-65535."""
-    if not text.isdigit() or not 1 <= int(text) <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a TCP port 1-65535, got {text!r}")
+    """An argparse type: a TCP port to listen on, 0-65535 (0: one the system picks, printed)."""
+    if not text.isdigit() or not 0 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a TCP port 0-65535, got {text!r}")
     return int(text)
 
 
@@ -450,6 +481,7 @@ def parser() -> argparse.ArgumentParser:
                             "(default 5)")
         p.add_argument("--hello-timeout", type=_seconds, metavar="SECONDS", default=10.0,
                        help="real seconds from connecting (TLS handshake included) to the Hello (default 10)")
+        p.add_argument("--quiet", action="store_true", help="no progress bar")
         p.add_argument("--tls-cert", metavar="PEM", help="serve over TLS with this certificate chain ...")
         p.add_argument("--tls-key", metavar="PEM", help="... and this private key")
 
@@ -472,7 +504,8 @@ def parser() -> argparse.ArgumentParser:
     server_options(sv)
     sv.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0: every "
                                                          "interface)")
-    sv.add_argument("--port", type=_port, default=7337, help="TCP port to listen on (default 7337)")
+    sv.add_argument("--port", type=_port, default=7337,
+                    help="TCP port to listen on (default 7337; 0: a free port, printed when serving)")
     sv.add_argument("--out", help="run directory (default: runs/<name>-serve-<timestamp>)")
     sv.add_argument("--force", action="store_true", help="overwrite a finished run in --out")
     sv.add_argument("--resume", metavar="DIR",

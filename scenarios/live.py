@@ -47,8 +47,17 @@ class _Network:
         self.traffic = Traffic()
 
 
-def build_server(sc: Scenario, ledger: Ledger, events: TextIO | None, settings: LiveSettings
-                 ) -> tuple[LiveCollector, RoundBook, NominalClock]:
+def ignored_network(sc: Scenario) -> dict[str, float]:
+    """The scenario's simulated network settings a live run does not apply (over TCP every message arrives or
+    its connection fails; real latency is the network's own): loss, downlink_loss and jitter that are not 0."""
+    net = sc.network
+    return {k: v for k, v in (("loss", net.loss), ("downlink_loss", net.downlink_loss), ("jitter", net.jitter))
+            if v}
+
+
+def build_server(sc: Scenario, ledger: Ledger, events: TextIO | None, settings: LiveSettings,
+                 progress: Callable[[int, int], None] | None = None) -> tuple[LiveCollector, RoundBook, NominalClock]:
+    """The collector server and its round book; ``progress(done, rounds)`` after every round it closes."""
     clock = NominalClock()
     log = _event_logger(events, clock).bind(run=sc.name, seed=sc.seed, runtime="live")
     protocol = sc.protocol.make_collector(sc.devices)
@@ -69,6 +78,8 @@ def build_server(sc: Scenario, ledger: Ledger, events: TextIO | None, settings: 
     def on_round_closed(t: int, result: Any, close_time: float) -> None:
         clock.now = close_time
         book.close(t, result, close_time, server.stats.rejected)
+        if progress is not None:
+            progress(t, server.rounds)
 
     server = LiveCollector(protocol, sc.devices, sc.rounds // length, nominal_start, sc.network.deadline, settings,
                            log, on_round_start, on_round_closed, Hostility(sc.behavior, sc.protocol.max_value))
@@ -114,13 +125,15 @@ def shard(n: int, index: int, count: int) -> np.ndarray:
 
 async def run_embedded(sc: Scenario, connections: int = 2, events: TextIO | None = None,
                        settings: LiveSettings | None = None, host: str = "127.0.0.1",
-                       client_tls: ssl.SSLContext | None = None) -> RunResult:
+                       client_tls: ssl.SSLContext | None = None,
+                       progress: Callable[[int, int], None] | None = None) -> RunResult:
     """Server and ``connections`` device clients in this process on loopback. The clients use the settings'
-    secret (one deployment) and ``client_tls`` where the server has TLS."""
+    secret (one deployment) and ``client_tls`` where the server has TLS; ``progress(done, rounds)`` after
+    every round."""
     t0 = time.perf_counter()
     ledger = Ledger(sc.devices)
     settings = settings or LiveSettings()
-    server, book, _ = build_server(sc, ledger, events, settings)
+    server, book, _ = build_server(sc, ledger, events, settings, progress)
     port = await server.start(host, 0)
     days = process_days(sc)
     parts = [shard(sc.devices, i, connections) for i in range(connections)]
@@ -143,25 +156,28 @@ def live_result(sc: Scenario, server: LiveCollector, book: RoundBook, ledger: Le
     network = _Network()  # its report counts stay 0 and unused: summary.json says they are unknown here
     network.traffic.messages_sent = server.frames_sent + server.stats.received  # both directions
     network.traffic.messages_delivered = network.traffic.messages_sent
+    live = {**server.live_summary(), "network_not_applied": ignored_network(sc)}
     return RunResult(sc, book.records, ledger, book.world, server, network, server.protocol.transcript_digest(),
-                     wall, 0, extra={"dropped_connections": server.dropped, "runtime": "live",
-                                     "live": server.live_summary()}, true_values=book.true_values)
+                     wall, 0, extra={"dropped_connections": server.dropped, "runtime": "live", "live": live},
+                     true_values=book.true_values)
 
 
 async def serve(sc: Scenario, host: str, port: int, events: TextIO | None = None,
                 settings: LiveSettings | None = None, run_dir: Any = None, resume: bool = False,
-                listening: Callable[[], None] | None = None) -> RunResult:
+                listening: Callable[[int], None] | None = None,
+                progress: Callable[[int, int], None] | None = None) -> RunResult:
     """The collector alone (devices connect from elsewhere); returns when the run is over. ``run_dir``: keep a
     journal there after every round (scenarios/journal.py); ``resume``: first restore the journal there;
-    ``listening``: called once the server is bound (a program's "serving ..." line)."""
+    ``listening(port)``: called once the server is bound (a program's "serving ..." line; ``port`` the one
+    bound, which ``port`` 0 leaves to the system); ``progress(done, rounds)`` after every round."""
     from scenarios import journal
 
     t0 = time.perf_counter()
     ledger = Ledger(sc.devices)  # stays empty: devices keep their ledgers (module docstring)
-    server, book, _ = build_server(sc, ledger, events, settings or LiveSettings())
-    await listen(server, host, port)
+    server, book, _ = build_server(sc, ledger, events, settings or LiveSettings(), progress)
+    bound = await listen(server, host, port)
     if listening is not None:
-        listening()
+        listening(bound)
     try:  # journal attached after the bind (no journal left by a port in use); no await in between, so no
         # device is served before it is restored
         first = journal.attach(run_dir, sc, server, book, resume) if run_dir is not None else 1

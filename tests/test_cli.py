@@ -396,3 +396,22 @@ def test_protocol_summaries_are_whole_or_cut_at_a_word():
         text = r.summary
         assert 0 < len(text) <= registry.SUMMARY_CHARS and "\n" not in text, r.name
         assert text.endswith((".", ")", "...")), (r.name, text)
+
+
+def test_live_says_which_simulated_network_settings_it_does_not_apply(tmp_path, capsys):
+    """Over real TCP there is no keyed loss, downlink loss or jitter: `ldpsim live` says so in one note and
+    summary.json names them, instead of silently giving a run without the loss the scenario asked for."""
+    small = ["--set", "population.devices=300", "--set", "rounds=2"]
+    assert main(["live", "quickstart", *small, "--set", "network.loss=0.1", "--set", "network.jitter=2",
+                 "--out", str(tmp_path / "a")]) == 0
+    err = capsys.readouterr().err
+    notes = [line for line in err.splitlines() if line.startswith("ldpsim: note:")]
+    assert notes == ["ldpsim: note: a live run over real TCP does not simulate the scenario's network loss 0.1, "
+                     "jitter 2 (summary.json live.network_not_applied)"]
+    assert "live rounds" in err  # the progress bar
+    assert summary_of(tmp_path / "a")["live"]["network_not_applied"] == {"loss": 0.1, "jitter": 2.0}
+    assert main(["live", "quickstart", *small, "--set", "network.loss=0", "--out", str(tmp_path / "b"),
+                 "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert "note:" not in err and "live rounds" not in err and "%|" not in err
+    assert summary_of(tmp_path / "b")["live"]["network_not_applied"] == {}

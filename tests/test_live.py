@@ -153,19 +153,20 @@ def test_serve_and_device_shards_in_separate_processes(tmp_path) -> None:
     has the simulated run's transcript and estimates digests, and the shards' ledgers add up to the
     simulated ledger's spend."""
     import json
-    import socket
 
     import pandas as pd
     import subprocess
     import sys
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     sets = ["--set", "population.devices=600", "--set", "rounds=4", "--set", "network.loss=0"]
     cmd = [sys.executable, "-m", "scenarios.cli"]
-    server = subprocess.Popen(cmd + ["serve", "quickstart", "--port", str(port), "--out", str(tmp_path / "srv")] + sets,
+    # port 0: the system picks a free one, and the "serving" line names it (no race for a port chosen here)
+    server = subprocess.Popen(cmd + ["serve", "quickstart", "--port", "0", "--out", str(tmp_path / "srv")] + sets,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    serving = server.stderr.readline().decode()
+    assert serving.startswith("ldpsim: serving quickstart on 127.0.0.1:") and "waiting up to 30 s for 600 devices" \
+        in serving, serving
+    port = int(serving.split("127.0.0.1:")[1].split(";")[0])
     shards = [subprocess.Popen(cmd + ["devices", "quickstart", "--connect", f"127.0.0.1:{port}", "--shard", f"{i}/2",
                                       "--connections", "3", "--out", str(tmp_path / "dev")] + sets,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in (1, 2)]
