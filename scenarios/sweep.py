@@ -202,6 +202,15 @@ def _canon(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
+def _as_number(value: Any) -> Any:
+    """``value`` with every number a float (1 and 1.0 set a scenario key alike: one grid point, not two)."""
+    if isinstance(value, dict):
+        return {k: _as_number(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_as_number(v) for v in value]
+    return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
 def value_labels(values: list[Any]) -> list[str]:
     """Short text for each value of one grid key. Tables: by their ``dist`` where every table has a different
     one, else by the entries in which the tables differ (``max_value=29, bins=29``; compact JSON for a table
@@ -281,10 +290,11 @@ def plan(spec: str, grid_args: list[str], repeat: str | int | None = None, worke
     for key, values in grid.items():
         if key == "seed":
             raise ScenarioError("--grid seed: the seed cannot be swept; repetitions derive their seeds from it")
-        canon = [_canon(v) for v in values]
+        canon = [_canon(_as_number(v)) for v in values]
         if len(set(canon)) != len(canon):
-            dup = next(v for v, c in zip(values, canon) if canon.count(c) > 1)
-            raise ScenarioError(f"--grid {key}: value {toml_text(dup)} given twice")
+            dups = [toml_text(v) for v, c in zip(values, canon) if canon.count(c) > 1]
+            raise ScenarioError(f"--grid {key}: value {dups[0]} given twice" if len(set(dups)) == 1 else
+                                f"--grid {key}: values {' and '.join(dict.fromkeys(dups))} are the same number")
     if repeat is None and "repeat" not in table:
         raise ScenarioError("--repeat: required (or repeat = R in the scenario's [sweep] table)")
     n_rep = _positive_int(repeat if repeat is not None else table["repeat"],
