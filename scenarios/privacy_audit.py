@@ -622,7 +622,8 @@ def main(target: str, trials: int, rounds: int, as_json: bool, out: str | None, 
                                 f"nor a scenario file or shipped scenario name") from None
     say = None if (as_json or quiet) else (lambda msg: print(f"auditing {msg}", file=sys.stderr, flush=True))
     rows = audit(target, trials, rounds, seed, overrides, say)
-    folder = Path(out) if out else Path("runs") / f"privacy-audit-{target.replace('/', '_')}-{time.strftime('%Y%m%d-%H%M%S')}"
+    label = Path(target).stem if target.endswith(".toml") else target.replace("/", "_")  # a file: its name
+    folder = Path(out) if out else Path("runs") / f"privacy-audit-{label}-{time.strftime('%Y%m%d-%H%M%S')}"
     write(rows, folder)
     if as_json:
         print(json.dumps([r.as_dict() for r in rows], indent=1))

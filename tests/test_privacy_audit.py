@@ -220,3 +220,17 @@ def test_command_line_errors(capsys) -> None:
     assert "neither a protocol" in capsys.readouterr().err
     assert main(["privacy-audit", "kflip", "--trials", "5"]) == 2
     assert "--trials" in capsys.readouterr().err
+
+
+def test_the_default_folder_is_named_for_the_scenario_file(tmp_path, monkeypatch, capsys) -> None:
+    """Without --out the results go to runs/privacy-audit-<scenario name>-<time>: the file's name, not
+    "quickstart.toml" with its suffix and its directories."""
+    from pathlib import Path
+
+    scenario = Path(__file__).resolve().parent.parent / "scenarios" / "quickstart.toml"
+    monkeypatch.chdir(tmp_path)
+    assert main(["privacy-audit", str(scenario), "--trials", "200", "--rounds", "2", "--quiet"]) in (0, 1)
+    (folder,) = (tmp_path / "runs").iterdir()
+    assert folder.name.startswith("privacy-audit-quickstart-") and ".toml" not in folder.name, folder.name
+    assert (folder / "privacy_audit.json").is_file()
+    assert f"wrote runs/{folder.name}/privacy_audit.json" in capsys.readouterr().out
