@@ -169,7 +169,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
                                                                                f"simulating {label}"))
     for k in (scenario.protocol.name, "naive"):
         e, eps = table[k]["error"], table[k]["epsilon"]
-        print(f"{k:>6}: mean |error| {_num(e['mean_abs'])}, max |error| {_num(e['max_abs'])}; "
+        per_item = f", mean max item error {_num(e['hist_max_abs'])}" if "hist_max_abs" in e else ""  # HeavyTHRESH
+        print(f"{k:>6}: mean |error| {_num(e['mean_abs'])}, max |error| {_num(e['max_abs'])}{per_item}; "
               f"per-device spend max {_num(eps['max'])}, mean {_num(eps['mean'])}")
     print(f"written to {out}/compare.csv, compare.json, compare.png")
     return 0

@@ -415,3 +415,18 @@ def test_live_says_which_simulated_network_settings_it_does_not_apply(tmp_path, 
     err = capsys.readouterr().err
     assert "note:" not in err and "live rounds" not in err and "%|" not in err
     assert summary_of(tmp_path / "b")["live"]["network_not_applied"] == {}
+
+
+def test_compare_of_a_frequency_oracle_prints_the_mean_max_item_error(tmp_path, capsys):
+    """HeavyTHRESH's comparison is read by its mean max item error (summary.json hist_max_abs, the figure the
+    README quotes): the console line shows it, with the value compare.json holds, for both sides."""
+    assert main(["compare", "heavythresh_shift", "--set", "population.devices=2000", "--out", str(tmp_path),
+                 "--quiet"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    table = json.loads((tmp_path / "compare.json").read_text())
+    for name, line in zip(("heavythresh", "naive"), lines):
+        assert line.lstrip().startswith(f"{name}:")
+        assert f"mean max item error {table[name]['error']['hist_max_abs']:.4g};" in line, line
+    assert main(["compare", "thresh_stable", "--set", "population.devices=500", "--set", "rounds=42", "--out",
+                 str(tmp_path / "t"), "--quiet"]) == 0
+    assert "item error" not in capsys.readouterr().out  # THRESH estimates means: no items
