@@ -61,13 +61,6 @@ def _progress_bar(total: int, enabled: bool, desc: str = "simulating"):
     return update, bar.close
 
 
-#: what the one-line run summary's error is of, by the protocol's kind of estimate (summary.json "error")
-ERROR_OF = {"mean": "of each round's mean counter, in the counter's units",
-            "epoch": "of each epoch's mean, a probability",
-            "stream": "of each round's sum over devices, in the counter's units",
-            "histogram": "of each bucket's frequency",
-            "counters": "of each round's mean of each counter, in the counters' units"}
-
 #: devices x rounds from which ``ldpsim run`` draws the run directory's pictures in a process of its own, started
 #: when the run begins (scenarios/plot_process.py): it imports matplotlib while this process imports and
 #: simulates (at the lowest priority: only on cores the run leaves idle) and draws while this process writes
@@ -125,9 +118,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     finally:
         if painter is not None:
             painter.close()
+    from scenarios import metrics
+
     err, eps, pv = summary["error"], summary["epsilon"], summary["privacy"]
     print(f"mean |error| {_num(err['mean_abs'])}, max |error| {_num(err['max_abs'])} "
-          f"({ERROR_OF.get(scenario.protocol.kind, 'per estimated number')}); per-device spend: "
+          f"({metrics.ERROR_OF.get(scenario.protocol.kind, 'per estimated number')}); per-device spend: "
           f"max {_num(eps['max'])}, mean {_num(eps['mean'])}, p99 {_num(eps['p99'])} "
           f"(guarantee {_num(pv['guarantee'])}); messages rejected {summary['messages']['rejected']}; "
           f"{summary['wall_seconds']:.2f} s", file=sys.stderr if args.json else sys.stdout)

@@ -38,6 +38,22 @@ def round_metrics(kind: str, truth, est, bucket_width: float = 1.0) -> dict[str,
     return {"max_abs": float(err.max()), "wasserstein": wasserstein(truth, est, bucket_width)}
 
 
+#: what summary.json's ``error`` figures are errors of, by the protocol's kind of estimate
+ERROR_OF = {"mean": "of each round's mean counter, in the counter's units",
+            "epoch": "of each epoch's mean, a probability",
+            "stream": "of each round's sum over devices, in the counter's units",
+            "histogram": "of each bucket's frequency",
+            "counters": "of each round's mean of each counter, in the counters' units"}
+
+#: each figure of summary.json's ``error`` in words (a sweep's plot axes)
+ERROR_FIGURES = {"mean_abs": "mean |error| over every estimated number",
+                 "max_abs": "max |error| over every estimated number",
+                 "rmse": "root mean squared error",
+                 "rounds_without_estimate": "rounds without an estimate (a count)",
+                 "hist_max_abs": "max bucket error, mean over rounds",
+                 "wasserstein": "Wasserstein-1 distance, mean over rounds (in the value's units)"}
+
+
 def error_summary(kind: str, truths: list, ests: list, bucket_width: float = 1.0) -> dict[str, float | int | None]:
     """``error`` of summary.json: mean_abs, max_abs, rmse over every estimated number; for histograms also
     hist_max_abs (mean over rounds of the max bucket error) and wasserstein (mean over rounds)."""

@@ -828,6 +828,34 @@ def log_axis(values: Iterable[Any]) -> bool:
     return bool(vs) and all(_number(v) and v > 0 for v in vs) and max(vs) / min(vs) > 20
 
 
+def _estimate_kinds(sweep: Sweep) -> set[str | None]:
+    """The kinds of estimate (``params.kind``: mean, histogram, ...) of the sweep's protocols; None for a
+    protocol that cannot be looked up here."""
+    from protocols import registry
+
+    points = sweep.points if any(k in ("protocol", "protocol.name") for k in sweep.keys) else sweep.points[:1]
+    kinds: set[str | None] = set()
+    for name in {str(sweep.point_data(p).get("protocol", {}).get("name")) for p in points}:
+        try:
+            kinds.add(getattr(registry.lookup(name).params, "kind", None))
+        except registry.RegistryError:
+            kinds.add(None)
+    return kinds
+
+
+def error_axis(col: str, kinds: set[str | None]) -> str:
+    """A plot's axis label for the results column ``col`` (error_<figure>): the figure in words, and what it is
+    an error of where every run of the sweep estimates the same kind of number."""
+    from scenarios.metrics import ERROR_FIGURES, ERROR_OF
+
+    figure = col.removeprefix("error_")
+    text = ERROR_FIGURES.get(figure, col)
+    (kind,) = kinds if len(kinds) == 1 else (None,)
+    if figure not in ("rounds_without_estimate", "wasserstein") and kind in ERROR_OF:
+        text += f"\n({ERROR_OF[kind]})"
+    return text
+
+
 def plot_figures(sweep: Sweep, header: list[str], rows: list[dict[str, Any]], out: Path) -> list[Path]:
     """One PNG per error column with numbers: mean over repetitions +- one standard error against the first
     varied key, one line per combination of the other varied keys."""
@@ -849,6 +877,7 @@ def plot_figures(sweep: Sweep, header: list[str], rows: list[dict[str, Any]], ou
     order = {k: {lab: j for j, lab in enumerate(value_labels(sweep.grid[k]))} for k in others}
     fixed = {k: value_labels(sweep.grid[k])[0] for k in others if len(sweep.grid[k]) == 1}  # in the title
     held = "".join(f"; {k}={v}" for k, v in fixed.items())
+    kinds = _estimate_kinds(sweep)
     written = []
     for col in (c for c in header if c.startswith("error_")):
         groups: dict[tuple[str, ...], dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
@@ -876,7 +905,7 @@ def plot_figures(sweep: Sweep, header: list[str], rows: list[dict[str, Any]], ou
             ax.set_xticks(xpos, xlabels, rotation=20 if max(map(len, xlabels)) > 12 else 0, ha="right"
                           if max(map(len, xlabels)) > 12 else "center", fontsize=8)
         ax.set_xlabel(xkey)
-        ax.set_ylabel(col)
+        ax.set_ylabel(error_axis(col, kinds))
         ax.set_title(f"{sweep.name}: {col} (mean ± 1 s.e. over {sweep.repeat} repetition"
                      f"{'s' if sweep.repeat != 1 else ''}{held})", fontsize=10)
         if len(others) > len(fixed):

@@ -186,6 +186,30 @@ def test_log_axis_rule_and_its_use(tmp_path, monkeypatch):
         assert scales == expected
 
 
+def test_plot_axes_say_what_each_figure_is_and_in_what_units(tmp_path, monkeypatch):
+    """A sweep's y axis names the figure in words and, when every run estimates the same kind of number, what
+    it is an error of (the counter's units, a bucket's frequency); a count stays a count."""
+    import matplotlib.axes
+
+    labels: list[str] = []
+    real = matplotlib.axes.Axes.set_ylabel
+    monkeypatch.setattr(matplotlib.axes.Axes, "set_ylabel",
+                        lambda ax, text, **kw: (labels.append(text), real(ax, text, **kw))[1])
+    header = ["protocol.epsilon", "error_mean_abs", "error_rounds_without_estimate"]
+    rows = [{"protocol.epsilon": x, "error_mean_abs": 1.0 + r, "error_rounds_without_estimate": r}
+            for x in ("1", "2") for r in (0, 1)]
+    sweep.plot_figures(sweep.plan("quickstart", ["protocol.epsilon=1,2"], repeat=2), header, rows, tmp_path)
+    assert labels == ["mean |error| over every estimated number\n(of each round's mean counter, in the counter's "
+                      "units)", "rounds without an estimate (a count)"]
+    labels.clear()  # two kinds of estimate in one sweep: the figure alone
+    both = sweep.plan("quickstart", ["protocol={name=\"1bitmean\",epsilon=1,max_value=86400},"
+                                     "{name=\"dbitflip\",epsilon=1,max_value=86400,buckets=4,bits=1}"], repeat=2)
+    rows = [{"protocol": lab, "error_mean_abs": 1.0 + r} for lab in sweep.value_labels(both.grid["protocol"])
+            for r in (0, 1)]
+    sweep.plot_figures(both, ["protocol", "error_mean_abs"], rows, tmp_path)
+    assert labels == ["mean |error| over every estimated number"]
+
+
 # -------------------------------------------------------------------------------------------- resume
 def test_resume_runs_only_the_missing_runs(tmp_path, one_worker, monkeypatch):
     out = tmp_path / "resume"
