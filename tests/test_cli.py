@@ -430,3 +430,21 @@ def test_compare_of_a_frequency_oracle_prints_the_mean_max_item_error(tmp_path, 
     assert main(["compare", "thresh_stable", "--set", "population.devices=500", "--set", "rounds=42", "--out",
                  str(tmp_path / "t"), "--quiet"]) == 0
     assert "item error" not in capsys.readouterr().out  # THRESH estimates means: no items
+
+
+def test_the_readme_python_example_writes_a_run_directory_the_audit_accepts(tmp_path, monkeypatch, capsys):
+    """The README's "From Python" block, run as written (in a scratch directory): it writes the run directory
+    the CLI writes, events.jsonl included, and `ldpsim audit` finds everything in agreement."""
+    import re
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    block = re.search(r"From Python.*?```python\n(.*?)```", readme, re.S)
+    assert block is not None
+    monkeypatch.chdir(tmp_path)
+    exec(compile(block.group(1), "README.md", "exec"), {})
+    run_dir = tmp_path / "runs" / "from-python"
+    assert {"events.jsonl", "summary.json", "ledger.parquet", "transcript.parquet"} <= {
+        p.name for p in run_dir.iterdir()}
+    assert any('"round_closed"' in line for line in (run_dir / "events.jsonl").open(encoding="utf-8"))
+    capsys.readouterr()
+    assert main(["audit", str(run_dir), "--json"]) == 0
