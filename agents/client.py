@@ -44,11 +44,15 @@ class DeviceDays:
                 client.observe(d)
 
 
+#: real seconds of failed connection attempts after which a client stops (no collector there)
+GIVE_UP_AFTER = 60.0
+
+
 class DeviceClient:
     def __init__(self, params: Any, seed: int, device_ids: np.ndarray, cohort_size: int, world: World,
                  ledger: Ledger, deadline: float, latency: float, host: str, port: int,
                  backoff: tuple[float, float] = (0.05, 2.0), max_frame: int = wire.MAX_MESSAGE_BYTES,
-                 give_up_after: float = 60.0, days: "DeviceDays | None" = None,
+                 give_up_after: float = GIVE_UP_AFTER, days: "DeviceDays | None" = None,
                  limits: Limits | None = None, secret: bytes | None = None, tls: ssl.SSLContext | None = None,
                  server_hostname: str | None = None, challenge_timeout: float = 30.0) -> None:
         self.params, self.world, self.ledger = params, world, ledger

@@ -332,6 +332,12 @@ def cmd_devices(args: argparse.Namespace) -> int:
         raise ScenarioError(f"--shard {args.shard!r}: expected I/N with 1 <= I <= N")
     if args.resume and not args.out:
         raise ScenarioError("--resume: the saved device state is in --out DIR; give it")
+    from agents.client import GIVE_UP_AFTER
+    from scenarios.live import shard
+
+    print(f"ldpsim: shard {index}/{count}: {shard(scenario.devices, int(index) - 1, int(count)).size:,} devices "
+          f"connecting to {args.connect} over {args.connections} connection(s) (giving up after "
+          f"{GIVE_UP_AFTER:g} s without a collector there)", file=sys.stderr, flush=True)
     try:
         ledger = asyncio.run(live.devices(scenario, host, int(port), int(index) - 1, int(count), args.connections,
                                           _secret(args), _client_tls(args), args.out, args.resume))

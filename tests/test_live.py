@@ -176,6 +176,10 @@ def test_serve_and_device_shards_in_separate_processes(tmp_path) -> None:
     finally:
         for p in [*shards, server]:
             p.kill()
+    for i, p in enumerate(shards, 1):  # each device process says what it hosts and where it connects
+        first = p.stderr.read().decode().splitlines()[0]
+        assert first.startswith(f"ldpsim: shard {i}/2: 300 devices connecting to 127.0.0.1:{port} over 3 "
+                                "connection(s) (giving up after 60 s"), first
     got = json.loads((tmp_path / "srv" / "summary.json").read_text())
     sc = schema.load("quickstart", ["population.devices=600", "rounds=4", "network.loss=0"])
     sim_result = runner.run(sc)
