@@ -464,8 +464,7 @@ class HeavyThreshCollector(VotingCollector):
         if self._update and result.reports:
             self.estimate = estimate_kflip(np.ravel(result.estimate["y"]), p.buckets, p.estimate_noise)
         return RoundResult(round=self.round, estimate=self.estimate.copy(), reports=result.reports,
-                           info={"global_update": self._update, "vote_mean": self._vote_mean,
-                                 "votes": self._vote_reports})
+                           info=self.decision_info())
 
 
 if TYPE_CHECKING:  # mypy: the descriptor, and through it the device and collector sides, match protocols.base

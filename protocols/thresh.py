@@ -98,6 +98,11 @@ class VotingCaps:
     K_E, and the whole-transcript guarantee 2a (K_V - f) + b K_E, f = 1 when a device's first vote is a
     forced yes (its ``_forced``). A frozen dataclass with the fields below inherits it."""
 
+    #: estimates.csv's per-round columns beyond the common ones (VotingCollector.decision_info): round info
+    #: key, value when missing
+    round_columns: ClassVar[tuple[tuple[str, Any], ...]] = (
+        ("global_update", False), ("vote_mean", None), ("votes", 0), ("vote_threshold", None))
+
     name: str
     epsilon: float
     delta: float
@@ -251,10 +256,17 @@ class VotingCaps:
         j = np.arange(-1, self.levels + 1)
         return 2 * (j + 1) * self.derived["tau_unit"] * self.tau_scale
 
+    def threshold_for(self, votes: int) -> float:
+        """The update test's threshold on the mean of ``votes`` votes (Joseph et al. 2018, Algorithm 1): the
+        randomized response's no-change mean 1/(e^a + 1) plus the deviation sqrt(ln(10T/delta) / (2 votes))."""
+        return 1 / (math.exp(self.vote_noise) + 1) + math.sqrt(math.log(10 * self.epochs / self.delta) / (2 * votes))
+
     @property
     def vote_threshold(self) -> float:
-        a = self.vote_noise
-        return 1 / (math.exp(a) + 1) + math.sqrt(math.log(10 * self.epochs / self.delta) / (2 * self.devices))
+        """The threshold when every device's vote arrives (:meth:`threshold_for` the population); an epoch
+        whose votes were lost or withheld is tested at the threshold for the votes it received (its round
+        record's ``vote_threshold``)."""
+        return self.threshold_for(self.devices)
 
     @property
     def cap(self) -> float:
@@ -359,8 +371,6 @@ class ThreshParams(VotingCaps):
         }
 
     #: an example [protocol] table per name this class runs (ldpsim privacy-audit NAME, the conformance tests)
-    #: estimates.csv's per-round columns beyond the common ones: round info key, value when missing
-    round_columns = (("global_update", False), ("vote_mean", None), ("votes", 0))
     examples = {'thresh': {'epsilon': 4.0, 'delta': 0.1, 'epoch_length': 1, 'a': 0.25, 'b': 0.25, 'tau_scale': 0.12}}
 
     def baseline_table(self) -> dict[str, object]:
@@ -656,14 +666,17 @@ class VotingCollector(StagedCollector):
         """The votes closed: decide whether to update, and ask for estimates."""
         assert isinstance(result.estimate, dict)  # a Stage's reports by column
         self._vote_mean, self._vote_reports = _mean(result.estimate["vote"]), result.reports
-        honest = result.reports > 0 and self._vote_mean > self._threshold(result.reports)
+        # the update test on the votes that arrived (lost votes: the threshold for the count received)
+        honest = result.reports > 0 and self._vote_mean > self.params.threshold_for(result.reports)
         self._update = honest or self.params.behavior == "always_update"
         return "estimate", self.boundary_message("estimate", deadline)
 
-    def _threshold(self, reports: int) -> float:
-        """The update test on the votes that arrived (lost votes: the test uses the count received)."""
-        a = self.params.vote_noise
-        return 1 / (math.exp(a) + 1) + math.sqrt(math.log(10 * self.params.epochs / self.params.delta) / (2 * reports))
+    def decision_info(self) -> dict[str, Any]:
+        """The epoch's decision figures for its round record: whether it updated, the votes' mean, how many
+        votes arrived and the threshold they were tested against (None without votes)."""
+        votes = self._vote_reports
+        return {"global_update": self._update, "vote_mean": self._vote_mean, "votes": votes,
+                "vote_threshold": self.params.threshold_for(votes) if votes else None}
 
 
 class ThreshCollector(VotingCollector):
@@ -687,8 +700,7 @@ class ThreshCollector(VotingCollector):
             if result.reports:
                 self.estimate = (_mean(result.estimate["est"]) * (e + 1) - 1) / (e - 1)
         return RoundResult(round=self.round, estimate=self.estimate, reports=result.reports,
-                           info={"global_update": self._update, "vote_mean": self._vote_mean,
-                                 "votes": self._vote_reports})
+                           info=self.decision_info())
 
 
 if TYPE_CHECKING:  # mypy: the descriptor, and through it the device and collector sides, match protocols.base

@@ -336,9 +336,10 @@ def _write_estimates(result: RunResult, out: Path, seconds: dict[str, float] | N
         return
     width = bucket_width(sc.protocol)
     bucket = np.tile(np.arange(k), len(recs))
-    table(["round", "bucket", "low", "high", "truth", "estimate", "error", "theory_sd", "reports", "clipped"],
+    table(["round", "bucket", "low", "high", "truth", "estimate", "error", "theory_sd", "reports", "clipped", *names],
           [np.repeat(rounds, k), bucket, bucket * width, (bucket + 1) * width, truth.ravel(), est.ravel(),
-           (est - truth).ravel(), sd.ravel(), np.repeat(reports, k), np.repeat(clipped, k)])
+           (est - truth).ravel(), sd.ravel(), np.repeat(reports, k), np.repeat(clipped, k),
+           *([v for v in column for _ in range(k)] for column in extra)])  # a round's own figures on each bucket
     per_round = [round_metrics("histogram", t, e, width) for t, e in zip(truth, est)]
     title = (f"{sc.name}: {sc.protocol.name}, k = {k}, d = {getattr(sc.protocol, 'bits', 1)}, "
              f"ε = {sc.protocol.epsilon:g}, n = {sc.devices:,}")

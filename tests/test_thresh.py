@@ -371,6 +371,15 @@ def test_lost_votes_and_estimates_policy() -> None:
     for rec in lossy.rounds:
         if rec.info["global_update"] and rec.round > 1:
             assert abs(rec.estimate - rec.truth) < 4.5 * rec.sd_theory + 0.02
+    # each epoch's record shows the threshold its votes were tested against, the formula's for the votes
+    # received (sqrt(ln(10T/delta) / 2 n_v) above the no-change mean 1/(e^a + 1)); it decided the update
+    p = lossy.scenario.protocol
+    for rec in lossy.rounds:
+        n_v = rec.info["votes"]
+        expected = 1 / (math.exp(p.vote_noise) + 1) + math.sqrt(math.log(10 * p.epochs / p.delta) / (2 * n_v))
+        assert rec.info["vote_threshold"] == pytest.approx(expected, rel=1e-12)
+        assert rec.info["vote_threshold"] > p.vote_threshold  # fewer votes than devices: a higher bar
+        assert rec.info["global_update"] == (rec.info["vote_mean"] > rec.info["vote_threshold"])
 
 
 def test_late_joiners_wait_for_a_whole_epoch_and_leavers_stop() -> None:
