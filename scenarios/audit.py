@@ -14,8 +14,12 @@ per-device downlink loss recomputed from its keyed draws. Then it compares:
   have lost or delayed past the deadline is ``unexpected_delivery``;
 - the reference charges with the device's ledger rows, as multisets of (round, reason, amount)
   (``charge_amount``, ``charge_missing``, ``charge_unexpected``);
-- each device's total with summary.json's ``privacy.guarantee`` (``over_guarantee``) and budget
-  (``over_budget``), and with spend.parquet where the run kept its own ledger (``spend_total``);
+- every device's ledger total (the whole ledger, sampled or not) with the guarantee and the budget computed
+  from scenario.json (``over_guarantee``, ``over_budget``), and with spend.parquet where the run kept its
+  own ledger (``spend_total``);
+- summary.json's privacy claims with what scenario.json and the ledger give (``summary_claim``): guarantee,
+  budget and per-report epsilon recomputed from the scenario; max spend, ``epsilon.max``, within_guarantee
+  and within_budget from the ledger's totals;
 - the transcript digest recomputed from transcript.parquet with summary.json's ``digests.transcript``
   (``transcript_digest``).
 
@@ -63,7 +67,7 @@ AUDIT_SAMPLE = 0x61756469
 KINDS = {"collect": 1, "decision": 2, "threshold": 3}  # keys of the downlink loss draws (agents/cohort.py)
 MISMATCH_KINDS = ("report_value", "unexpected_report", "duplicate_report", "missing_report", "unexpected_delivery",
                   "report_columns", "charge_amount", "charge_missing", "charge_unexpected", "over_guarantee",
-                  "over_budget", "spend_total", "transcript_digest")
+                  "over_budget", "spend_total", "summary_claim", "transcript_digest")
 
 
 class AuditInputError(ScenarioError):
@@ -579,9 +583,9 @@ def _network(seed: int, net: Any, device: np.ndarray, round_: np.ndarray, time_l
     return lost, late & ~lost
 
 
-def compare_charges(files: RunFiles, ids: np.ndarray, rep: Replay, findings: Findings) -> tuple[dict, np.ndarray]:
+def compare_charges(files: RunFiles, ids: np.ndarray, rep: Replay, findings: Findings) -> dict:
     """The chosen devices' ledger rows against the reference charges, per device as multisets of (round,
-    reason, amount); returns the counts and each chosen device's ledger total."""
+    reason, amount); returns the counts."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -612,7 +616,6 @@ def compare_charges(files: RunFiles, ids: np.ndarray, rep: Replay, findings: Fin
     keep = ~unknown
     l_dev, l_round, l_code, l_amount, slot_l = l_dev[keep], l_round[keep], l_code[keep], l_amount[keep], slot_l[keep]
     slot_r = np.searchsorted(ids, r_dev)
-    totals = np.bincount(slot_l, weights=l_amount, minlength=ids.size)
     # devices with as many charges on both sides: sorted the same way, their rows align one to one
     bad = np.bincount(slot_l, minlength=ids.size) != np.bincount(slot_r, minlength=ids.size)
     lo = np.lexsort((l_amount, l_code, l_round, l_dev))
@@ -629,7 +632,7 @@ def compare_charges(files: RunFiles, ids: np.ndarray, rep: Replay, findings: Fin
         rows_r[int(r_dev[j])].append((int(r_round[j]), names[r_code[j]], float(r_amount[j])))
     for dev in ids[bad].tolist():
         _classify(dev, sorted(rows_r[dev]), sorted(rows_l[dev]), findings)
-    return {"ledger_rows": int(l_dev.size + np.count_nonzero(unknown)), "reference_charges": int(r_dev.size)}, totals
+    return {"ledger_rows": int(l_dev.size + np.count_nonzero(unknown)), "reference_charges": int(r_dev.size)}
 
 
 def _classify(dev: int, ref_rows: list, led_rows: list, findings: Findings) -> None:
@@ -660,6 +663,68 @@ def _over(x: np.ndarray, bound: float) -> np.ndarray:
     return x > bound * (1 + REL_TOL) + 1e-12
 
 
+def ledger_totals(files: RunFiles) -> np.ndarray:
+    """Every device's total in the ledger (the whole ledger, whichever devices the audit replays); charges of
+    devices outside the population are left out (compare_charges names them)."""
+    dev = files.ledger["device"].to_numpy().astype(np.int64)
+    amount = files.ledger["amount"].to_numpy().astype(np.float64)
+    n = files.scenario.devices
+    inside = (dev >= 0) & (dev < n)
+    return np.bincount(dev[inside], weights=amount[inside], minlength=n)
+
+
+def check_bounds(files: RunFiles, totals: np.ndarray, findings: Findings) -> tuple[float, float | None]:
+    """Every device's total against the guarantee and the budget of scenario.json (the bounds themselves are
+    recomputed, not read from summary.json), and against spend.parquet; returns (guarantee, budget)."""
+    sc = files.scenario
+    guarantee = float(sc.protocol.guarantee(sc.collections).value)
+    budget = None if sc.budget is None else float(sc.budget)
+    for kind, bound in (("over_guarantee", guarantee), ("over_budget", budget)):
+        if bound is None:
+            continue
+        over = np.flatnonzero(_over(totals, bound))
+        for j in over[:EXAMPLES]:
+            findings.example(kind, device=j, spend=totals[j], bound=bound)
+        findings.count(kind, over.size)
+    if files.spend is not None:  # the run's own per-device totals
+        dev = files.spend["device"].to_numpy().astype(np.int64)
+        val = files.spend["spend"].to_numpy().astype(np.float64)
+        ids = np.arange(totals.size)
+        at = np.minimum(np.searchsorted(dev, ids), max(dev.size - 1, 0))
+        table_spend = np.where(dev[at] == ids, val[at], np.nan) if dev.size else np.full(ids.size, np.nan)
+        wrong = ~_close(table_spend, totals)
+        for j in np.flatnonzero(wrong)[:EXAMPLES]:
+            findings.example("spend_total", device=j, spend_table=table_spend[j], ledger=totals[j])
+        findings.count("spend_total", np.count_nonzero(wrong))
+    return guarantee, budget
+
+
+def check_claims(files: RunFiles, guarantee: float, budget: float | None, max_spend: float,
+                 findings: Findings) -> None:
+    """summary.json's privacy figures against the recomputed ones (``summary_claim``, one per figure that
+    differs). The spend figures are checked where the run kept the ledger the audit read."""
+    privacy, sc = files.summary["privacy"], files.scenario
+    claims: list[tuple[str, Any, Any]] = [
+        ("privacy.guarantee", privacy.get("guarantee"), guarantee), ("privacy.budget", privacy.get("budget"), budget),
+        ("privacy.round_epsilon", privacy.get("round_epsilon"), float(sc.protocol.round_epsilon))]
+    if privacy.get("ledger", "this run") == "this run" and files.ledger_source == "ledger.parquet":
+        epsilon = files.summary.get("epsilon")
+        claims += [("privacy.max_spend", privacy.get("max_spend"), max_spend),
+                   ("epsilon.max", epsilon.get("max") if isinstance(epsilon, dict) else None, max_spend),
+                   ("privacy.within_guarantee", privacy.get("within_guarantee"), not _over(np.array([max_spend]),
+                                                                                          guarantee)[0])]
+        if budget is not None:
+            claims.append(("privacy.within_budget", privacy.get("within_budget"),
+                           not _over(np.array([max_spend]), budget)[0]))
+    for key, said, true in claims:
+        if isinstance(true, (bool, np.bool_)) or true is None or said is None or isinstance(said, bool):
+            wrong = said != true
+        else:
+            wrong = not isinstance(said, (int, float)) or not _close(np.array([float(said)]), np.array([true]))[0]
+        if wrong:
+            findings.add("summary_claim", key=key, summary=said, recomputed=true)
+
+
 # ------------------------------------------------------------------------------------------- the audit
 def audit(run_dir: Path | str, devices: int | str | None = None, ledgers: Sequence[Path | str] | None = None,
           progress: bool = False, write: bool = True) -> dict:
@@ -687,26 +752,11 @@ def audit(run_dir: Path | str, devices: int | str | None = None, ledgers: Sequen
     rep = replay(files, ids, progress)
     timing["replay"] = time.perf_counter() - t0 - sum(timing.values())
     report_counts = compare_reports(files, ids, rep, findings)
-    charge_counts, totals = compare_charges(files, ids, rep, findings)
-    privacy = files.summary["privacy"]
-    guarantee = float(privacy["guarantee"])
-    budget = privacy.get("budget")
-    for kind, bound in (("over_guarantee", guarantee), ("over_budget", budget)):
-        if bound is None:
-            continue
-        over = np.flatnonzero(_over(totals, float(bound)))
-        for j in over[:EXAMPLES]:
-            findings.example(kind, device=ids[j], spend=totals[j], bound=float(bound))
-        findings.count(kind, over.size)
-    if files.spend is not None:  # the run's own per-device totals
-        dev = files.spend["device"].to_numpy().astype(np.int64)
-        val = files.spend["spend"].to_numpy().astype(np.float64)
-        at = np.minimum(np.searchsorted(dev, ids), max(dev.size - 1, 0))
-        table_spend = np.where(dev[at] == ids, val[at], np.nan) if dev.size else np.full(ids.size, np.nan)
-        wrong = ~_close(table_spend, totals)
-        for j in np.flatnonzero(wrong)[:EXAMPLES]:
-            findings.example("spend_total", device=ids[j], spend_table=table_spend[j], ledger=totals[j])
-        findings.count("spend_total", np.count_nonzero(wrong))
+    charge_counts = compare_charges(files, ids, rep, findings)
+    totals = ledger_totals(files)
+    guarantee, budget = check_bounds(files, totals, findings)
+    max_spend = float(totals.max()) if totals.size else 0.0
+    check_claims(files, guarantee, budget, max_spend, findings)
     timing["compare"] = time.perf_counter() - t0 - sum(timing.values())
     mismatches = findings.as_dict()
     record = {
@@ -719,7 +769,7 @@ def audit(run_dir: Path | str, devices: int | str | None = None, ledgers: Sequen
         "broadcasts": rep.messages,
         "reports_checked": report_counts,
         "charges_checked": {**charge_counts, "source": files.ledger_source},
-        "max_spend": float(totals.max()) if totals.size else 0.0,
+        "max_spend": max_spend,  # over the whole ledger
         "reference_max_spend": float(rep.spent.max()) if rep.spent.size else 0.0,
         "guarantee": guarantee,
         "budget": budget,

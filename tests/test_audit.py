@@ -195,7 +195,10 @@ def test_tampered_ledger_amount(tmp_path, clean_runs) -> None:
     _rewrite(run / "ledger.parquet", table.set_column(table.column_names.index("amount"), "amount", pa.array(amount)))
     record = audit.audit(run)
     assert record["verdict"] == "failed"
-    assert kinds(record) == {"charge_amount", "spend_total"}
+    # the device now spends more than summary.json's max spend says any device spent
+    assert kinds(record) == {"charge_amount", "spend_total", "summary_claim"}
+    assert {ex["key"] for ex in record["mismatches"]["summary_claim"]["examples"]} == {"privacy.max_spend",
+                                                                                      "epsilon.max"}
     ex = record["mismatches"]["charge_amount"]["examples"][0]
     assert ex["device"] == int(table["device"][7].as_py()) and ex["ledger"] == pytest.approx(ex["reference"] + 0.25)
 
@@ -297,6 +300,42 @@ def test_device_sample(tmp_path, clean_runs) -> None:
     again, _ = audit.choose_devices(250_000, 5, None)
     assert np.array_equal(ids, again)
     assert audit.choose_devices(10, 5, "all")[0].size == 10 and audit.choose_devices(10, 5, 50)[1] == "all"
+
+
+@pytest.mark.parametrize("key, value", [("guarantee", 3.0), ("guarantee", 1000.0), ("max_spend", 0.1),
+                                        ("within_guarantee", False), ("round_epsilon", 9.0), ("budget", 100.0)])
+def test_forged_privacy_claims_in_summary_json_fail(tmp_path, clean_runs, key, value) -> None:
+    """summary.json's privacy figures are recomputed (guarantee, budget, per-report epsilon from scenario.json;
+    max spend and the verdicts from the ledger), not believed: a lowered or raised guarantee, a smaller max
+    spend, a verdict turned around or a budget the scenario does not set is a summary_claim mismatch."""
+    run = _copy(clean_runs["quickstart"], tmp_path / "run")
+    summary = json.loads((run / "summary.json").read_text())
+    summary["privacy"][key] = value
+    (run / "summary.json").write_text(json.dumps(summary))
+    record = audit.audit(run, write=False)
+    assert kinds(record) == {"summary_claim"}
+    (ex,) = record["mismatches"]["summary_claim"]["examples"]
+    assert ex["key"] == f"privacy.{key}" and ex["summary"] == value
+
+
+def test_bounds_hold_over_the_whole_ledger_when_the_audit_replays_a_sample(tmp_path, clean_runs) -> None:
+    """A sampled audit replays some devices, but checks every device's ledger total against the guarantee and
+    spend.parquet: a device outside the sample charged past the guarantee still fails the audit, and the max
+    spend reported is the whole ledger's."""
+    run = _copy(clean_runs["quickstart"], tmp_path / "run")
+    sample, _ = audit.choose_devices(json.loads((run / "scenario.json").read_text())["population"]["devices"], 
+                                     json.loads((run / "summary.json").read_text())["seed"], 5)
+    table = pq.read_table(run / "ledger.parquet")
+    device = table["device"].to_numpy()
+    outside = next(int(d) for d in device if d not in set(sample.tolist()))
+    amount = table["amount"].to_numpy().copy()
+    amount[device == outside] = 50.0
+    _rewrite(run / "ledger.parquet", table.set_column(table.column_names.index("amount"), "amount", pa.array(amount)))
+    record = audit.audit(run, devices=5, write=False)
+    assert record["devices"]["checked"] == 5 and outside not in sample
+    assert {"over_guarantee", "spend_total", "summary_claim"} <= kinds(record)
+    assert record["mismatches"]["over_guarantee"]["examples"][0]["device"] == outside
+    assert record["max_spend"] == pytest.approx(50.0 * np.count_nonzero(device == outside))
 
 
 def test_device_shard_ledgers(tmp_path, clean_runs) -> None:
