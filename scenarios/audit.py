@@ -32,7 +32,9 @@ Scope: runs of the simulated runtime (``ldpsim run``) and of the live one (``ldp
 whose downlink.jsonl carries the simulator's nominal times. A live run has no simulated network (every
 broadcast reaches every connected device; no keyed loss or latency): it is replayed without downlink loss,
 and a reference report missing from its transcript is counted as ``unverified`` instead of lost or late
-(the runtime is summary.json's ``runtime``, else the first event's in events.jsonl).
+(the runtime is summary.json's ``runtime``, else the first event's in events.jsonl). So that this weaker
+check cannot hide deleted reports, a run that says it is live must have an event log that says so, and the
+transcript must hold as many rows as summary.json's ``reports.accepted`` (``summary_claim``).
 
 ``--ledger PATH`` (repeatable) audits against the ledger.parquet files that device shards wrote
 (``ldpsim devices --out``) instead of RUN_DIR's.
@@ -232,15 +234,21 @@ def load(run_dir: Path | str, ledgers: Sequence[Path | str] | None = None) -> Ru
 
 def _runtime(run: Path, summary: dict) -> str:
     """Which runtime wrote the run: summary.json's ``runtime`` if it says, else the first event of
-    events.jsonl (the live runtime tags every event with ``"runtime": "live"``), else simulated."""
+    events.jsonl's (:func:`events_runtime`), else simulated."""
     if isinstance(summary.get("runtime"), str):
         return summary["runtime"]
+    return events_runtime(run) or "simulated"
+
+
+def events_runtime(run: Path) -> str | None:
+    """The runtime events.jsonl's first event names (the live runtime tags every event with ``"runtime":
+    "live"``; simulated events have no tag), or None without a readable events.jsonl."""
     try:
         with open(run / "events.jsonl", encoding="utf-8") as f:
-            first = json.loads(f.readline() or "{}")
-        return str(first.get("runtime", "simulated")) if isinstance(first, dict) else "simulated"
+            first = json.loads(f.readline() or "null")
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return "simulated"
+        return None
+    return str(first.get("runtime", "simulated")) if isinstance(first, dict) else None
 
 
 def _plain_reason(table: Any) -> Any:
@@ -716,8 +724,16 @@ def check_claims(files: RunFiles, guarantee: float, budget: float | None, max_sp
         if budget is not None:
             claims.append(("privacy.within_budget", privacy.get("within_budget"),
                            not _over(np.array([max_spend]), budget)[0]))
+    # a live run's missing reports are unverifiable (module docstring): the runtime must be the one the event
+    # log names, and the transcript must hold every report the collector says it accepted
+    logged = events_runtime(files.run_dir)
+    if logged is not None or files.runtime != "simulated":  # the weaker check claimed: the event log must say so
+        claims.append(("runtime", files.runtime, logged or "simulated"))
+    reports = files.summary.get("reports")
+    if isinstance(reports, dict) and "accepted" in reports:
+        claims.append(("reports.accepted", reports["accepted"], int(files.transcript.num_rows)))
     for key, said, true in claims:
-        if isinstance(true, (bool, np.bool_)) or true is None or said is None or isinstance(said, bool):
+        if isinstance(true, (bool, np.bool_, str)) or true is None or said is None or isinstance(said, bool):
             wrong = said != true
         else:
             wrong = not isinstance(said, (int, float)) or not _close(np.array([float(said)]), np.array([true]))[0]

@@ -377,6 +377,47 @@ def test_live_runs_audit_clean(tmp_path, name, extra) -> None:
     assert record["reports_checked"]["matched"] == record["reports_checked"]["reference_reports"] > 0
 
 
+def _drop_rows_keep_digest(run: Path, drop: int) -> None:
+    """Remove ``drop`` transcript rows of one round and put the digest of what is left in summary.json (the
+    recomputation the README offers anyone), so that the transcript digest alone cannot tell."""
+    table = pq.read_table(run / "transcript.parquet")
+    rows = np.flatnonzero(table["round"].to_numpy() == 3)[:drop]
+    kept = table.filter(pa.array(~np.isin(np.arange(table.num_rows), rows)))
+    _rewrite(run / "transcript.parquet", kept.replace_schema_metadata(table.schema.metadata))
+    summary = json.loads((run / "summary.json").read_text())
+    summary["digests"]["transcript"] = tables.transcript_digest_of_table(kept)
+    (run / "summary.json").write_text(json.dumps(summary))
+
+
+def test_reports_deleted_from_a_live_transcript_fail(tmp_path) -> None:
+    """A live run's missing reports are unverified, not lost: rows deleted from its transcript (digest
+    recomputed) would pass as such, but the collector's count of accepted reports no longer matches."""
+    run = tmp_path / "live"
+    assert cli.main(["live", "quickstart", *(f"--set={kv}" for kv in SMALL["quickstart"]), "--out", str(run),
+                     "--quiet"]) == 0
+    assert audit.audit(run, write=False)["verdict"] == "clean"
+    _drop_rows_keep_digest(run, 40)
+    record = audit.audit(run, write=False)
+    assert record["reports_checked"]["not_delivered"]["unverified"] == 40
+    assert kinds(record) == {"summary_claim"}
+    assert record["mismatches"]["summary_claim"]["examples"][0]["key"] == "reports.accepted"
+
+
+def test_a_simulated_run_relabelled_live_fails(tmp_path, clean_runs) -> None:
+    """Relabelling a simulated run as live (where a missing report is unverifiable) to hide deleted reports:
+    the event log says which runtime wrote the run."""
+    run = _copy(clean_runs["quickstart"], tmp_path / "run")
+    _drop_rows_keep_digest(run, 40)
+    summary = json.loads((run / "summary.json").read_text())
+    summary["runtime"] = "live"
+    summary["reports"]["accepted"] -= 40
+    (run / "summary.json").write_text(json.dumps(summary))
+    record = audit.audit(run, write=False)
+    assert kinds(record) == {"summary_claim"}
+    (ex,) = record["mismatches"]["summary_claim"]["examples"]
+    assert ex == {"key": "runtime", "summary": "live", "recomputed": "simulated"}
+
+
 # ------------------------------------------------------------------------------------------- the command
 def test_cli_json_and_exit_codes(tmp_path, clean_runs, capsys) -> None:
     run = _copy(clean_runs["quickstart"], tmp_path / "run")
