@@ -171,7 +171,7 @@ class CohortShard:
     def guards(self) -> dict[str, int]:
         """The device sides' enforcement counters, summed: refusals for the budget, messages ignored."""
         return {"refusals": sum(d.guard.refusals for d in self.devices),  # type: ignore[attr-defined]
-                "ignored": sum(d.guard.ignored for d in self.devices)}  # type: ignore[attr-defined]
+                "ignored": sum(d.guard.device_messages_ignored for d in self.devices)}  # type: ignore[attr-defined]
 
 
 class ThreadShards:

@@ -11,7 +11,8 @@ Counters (summed into ``summary.json`` -> ``privacy``):
 - ``refusals``: device-reports withheld (or replaced by a data-free message) because the report's charge
   would take the device past ``Limits.budget``;
 - ``ignored``: collector messages a cohort refused as a whole: rounds outside the horizon, repeated or
-  stale rounds, other protocols, absurd broadcasts (e.g. a ToPL threshold <= 0 or a reused version).
+  stale rounds, other protocols, absurd broadcasts (e.g. a ToPL threshold <= 0 or a reused version); summed
+  as ``device_messages_ignored``, once per device of the cohort.
 """
 
 from __future__ import annotations
@@ -81,6 +82,13 @@ class Guard:
             return False
         self.last_round = round_
         return True
+
+    @property
+    def device_messages_ignored(self) -> int:
+        """``ignored`` x the cohort's devices: a message the cohort refused counts once per device that refused
+        it, a figure that does not depend on how the devices are split into cohorts (summary.json's
+        ``privacy.ignored_messages``)."""
+        return self.ignored * int(self.device_ids.size)
 
     def ignore(self) -> None:
         """Count a collector message refused for a reason the device side checked itself."""

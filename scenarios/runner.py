@@ -86,7 +86,7 @@ def bucket_width(params: object) -> float:
 
 def guard_counts(devices: list[Any]) -> dict[str, int]:
     """The device sides' enforcement counters, summed: reports refused for the budget, messages ignored."""
-    return {"refusals": sum(d.guard.refusals for d in devices), "ignored": sum(d.guard.ignored for d in devices)}
+    return {"refusals": sum(d.guard.refusals for d in devices), "ignored": sum(d.guard.device_messages_ignored for d in devices)}
 
 
 def cohort_slices(n: int, size: int) -> list[tuple[int, int]]:

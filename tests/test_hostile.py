@@ -121,3 +121,17 @@ async def test_live_device_clients_refuse_hostile_collectors(behavior: str) -> N
         assert s["privacy"]["ignored_messages"] > 0
         assert s["privacy"]["max_spend"] <= s["privacy"]["guarantee"] * (1 + 1e-9)
         assert s["digests"]["ledger"] == _honest(name)["digests"]["ledger"], name
+
+
+def test_ignored_messages_do_not_depend_on_the_cohort_split() -> None:
+    """privacy.ignored_messages counts a refused message once per device that refused it: a replaying collector
+    gives the same figure with one cohort, ten and one per device (it counted cohorts, 27 to 54,000)."""
+    from scenarios import output, runner, schema
+
+    figures = set()
+    for cohort in (200, 20, 1):
+        sc = schema.load("quickstart", ["population.devices=200", "rounds=4", 'collector.behavior="replay"',
+                                        f"simulation.cohort_size={cohort}"])
+        figures.add(output.privacy_summary(runner.run(sc))["ignored_messages"])
+    (count,) = figures
+    assert count > 0 and count % 200 == 0  # every device refused every replayed message
