@@ -109,6 +109,14 @@ def _run_now(job: Callable[[], Any]) -> Future:
     return done
 
 
+def guard_counts(devices: Iterable[Any]) -> dict[str, int]:
+    """The device sides' enforcement counters, summed: device-reports refused for the budget, and collector
+    messages ignored, once per device (protocols.guard)."""
+    devices = list(devices)
+    return {"refusals": sum(d.guard.refusals for d in devices),
+            "ignored": sum(d.guard.device_messages_ignored for d in devices)}
+
+
 def cohort_day(now: float, round_seconds: float) -> int:
     """The devices' own round counter: rounds start every ``round_seconds``, the first at time 0."""
     return int(now // round_seconds) + 1
@@ -169,9 +177,7 @@ class CohortShard:
         return clipped
 
     def guards(self) -> dict[str, int]:
-        """The device sides' enforcement counters, summed: refusals for the budget, messages ignored."""
-        return {"refusals": sum(d.guard.refusals for d in self.devices),  # type: ignore[attr-defined]
-                "ignored": sum(d.guard.device_messages_ignored for d in self.devices)}  # type: ignore[attr-defined]
+        return guard_counts(self.devices)
 
 
 class ThreadShards:

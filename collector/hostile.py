@@ -10,7 +10,8 @@ each of them, in the simulator and over TCP alike.
 - ``bad_threshold``: after every broadcast, ToPL thresholds theta = 0, -1, 1e-300 and 1e308 under a version
   never issued, and a plausible theta under a version already used.
 
-Devices must ignore every extra message (each is counted by the device side, ``privacy.ignored``); none of
+Devices must ignore every extra message (each is counted by the device side, once per device, in
+``privacy.ignored_messages``); none of
 them may cost privacy or crash a device.
 """
 

@@ -229,7 +229,11 @@ def load(run_dir: Path | str, ledgers: Sequence[Path | str] | None = None) -> Ru
     spend = None
     if not ledgers and (run / tables.SPEND).is_file() and privacy.get("ledger", "this run") == "this run":
         spend = _parquet(run / tables.SPEND, "per-device spend", ("device", "spend"))
-    return RunFiles(run, scenario, summary, downlink, times, transcript, ledger, source, spend, _runtime(run, summary))
+    runtime = _runtime(run, summary)
+    if runtime != "simulated" and events_runtime(run) is None:
+        raise AuditInputError(f"{run / 'events.jsonl'}: missing or unreadable; a {runtime} run's event log says "
+                              "which runtime wrote it (its missing reports are otherwise unverifiable)")
+    return RunFiles(run, scenario, summary, downlink, times, transcript, ledger, source, spend, runtime)
 
 
 def _runtime(run: Path, summary: dict) -> str:
@@ -241,14 +245,18 @@ def _runtime(run: Path, summary: dict) -> str:
 
 
 def events_runtime(run: Path) -> str | None:
-    """The runtime events.jsonl's first event names (the live runtime tags every event with ``"runtime":
-    "live"``; simulated events have no tag), or None without a readable events.jsonl."""
+    """The runtime events.jsonl's events name: the live runtime tags every event with ``"runtime": "live"``,
+    simulated events carry no tag; ``"mixed"`` when they disagree; None without a readable events.jsonl."""
+    seen: set[str] = set()
     try:
         with open(run / "events.jsonl", encoding="utf-8") as f:
-            first = json.loads(f.readline() or "null")
+            for line in f:
+                event = json.loads(line) if line.strip() else None
+                if isinstance(event, dict):
+                    seen.add(str(event.get("runtime", "simulated")))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None
-    return str(first.get("runtime", "simulated")) if isinstance(first, dict) else None
+    return None if not seen else seen.pop() if len(seen) == 1 else "mixed"
 
 
 def _plain_reason(table: Any) -> Any:
@@ -733,10 +741,13 @@ def check_claims(files: RunFiles, guarantee: float, budget: float | None, max_sp
     if isinstance(reports, dict) and "accepted" in reports:
         claims.append(("reports.accepted", reports["accepted"], int(files.transcript.num_rows)))
     for key, said, true in claims:
-        if isinstance(true, (bool, np.bool_, str)) or true is None or said is None or isinstance(said, bool):
+        if isinstance(true, (bool, np.bool_)):  # a verdict: only true or false will do
+            wrong = not isinstance(said, bool) or said != bool(true)
+        elif isinstance(true, str) or true is None or said is None:
             wrong = said != true
-        else:
-            wrong = not isinstance(said, (int, float)) or not _close(np.array([float(said)]), np.array([true]))[0]
+        else:  # a number: not a boolean standing in for 0 or 1
+            wrong = (isinstance(said, bool) or not isinstance(said, (int, float))
+                     or not _close(np.array([float(said)]), np.array([float(true)]))[0])
         if wrong:
             findings.add("summary_claim", key=key, summary=said, recomputed=true)
 

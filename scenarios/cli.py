@@ -10,6 +10,7 @@ import argparse
 import json
 import math
 import os
+import shlex
 import sys
 import threading
 import time
@@ -275,10 +276,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     bar: list = [None, lambda: None]  # (update, close): the progress bar, started below the "serving" line
 
     def listening(port: int) -> None:
-        _network_note(scenario)
+        sets = "".join(f" --set {shlex.quote(kv)}" for kv in args.set)  # the devices must run the same scenario
         print(f"ldpsim: serving {scenario.name} on {args.host}:{port}; waiting up to "
-              f"{settings.startup_timeout:g} s for {scenario.devices:,} devices (ldpsim devices {args.scenario} "
-              f"--connect HOST:{port} --shard I/N)", file=sys.stderr, flush=True)
+              f"{settings.startup_timeout:g} s for {scenario.devices:,} devices (ldpsim devices "
+              f"{shlex.quote(args.scenario)}{sets} --connect HOST:{port} --shard I/N)", file=sys.stderr, flush=True)
+        _network_note(scenario)
         bar[:] = _progress_bar(scenario.rounds, not args.quiet, "live rounds")
 
     def progress(done: int, of: int) -> None:

@@ -25,13 +25,14 @@ import numpy as np
 
 from agents.client import DeviceClient, DeviceDays
 from agents.resumable import ResumableClient
+from agents.shard import guard_counts
 from agents.world import World
 from collector import spill
 from collector.hostile import Hostility
 from collector.network import Traffic
 from collector.server import LiveCollector, LiveSettings
 from protocols.ledger import Ledger
-from scenarios.runner import RoundBook, RunResult, _event_logger, guard_counts
+from scenarios.runner import RoundBook, RunResult, _event_logger
 from scenarios.schema import Scenario, ScenarioError
 
 

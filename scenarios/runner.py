@@ -19,7 +19,7 @@ import simpy
 import structlog
 
 from agents.cohort import CohortAgent
-from agents.shard import ShardedCohorts, ThreadShards
+from agents.shard import ShardedCohorts, ThreadShards, guard_counts
 from agents.world import World
 from collector import spill
 from collector.hostile import Hostility
@@ -82,11 +82,6 @@ def bucket_width(params: object) -> float:
     """Value width of a histogram bucket (1 for protocols without buckets)."""
     k = getattr(params, "buckets", None)
     return params.max_value / k if k else 1.0
-
-
-def guard_counts(devices: list[Any]) -> dict[str, int]:
-    """The device sides' enforcement counters, summed: reports refused for the budget, messages ignored."""
-    return {"refusals": sum(d.guard.refusals for d in devices), "ignored": sum(d.guard.device_messages_ignored for d in devices)}
 
 
 def cohort_slices(n: int, size: int) -> list[tuple[int, int]]:

@@ -292,9 +292,10 @@ def plan(spec: str, grid_args: list[str], repeat: str | int | None = None, worke
             raise ScenarioError("--grid seed: the seed cannot be swept; repetitions derive their seeds from it")
         canon = [_canon(_as_number(v)) for v in values]
         if len(set(canon)) != len(canon):
-            dups = [toml_text(v) for v, c in zip(values, canon) if canon.count(c) > 1]
-            raise ScenarioError(f"--grid {key}: value {dups[0]} given twice" if len(set(dups)) == 1 else
-                                f"--grid {key}: values {' and '.join(dict.fromkeys(dups))} are the same number")
+            first = next(c for c in canon if canon.count(c) > 1)  # the first repeated value, in its spellings
+            dups = list(dict.fromkeys(toml_text(v) for v, c in zip(values, canon) if c == first))
+            raise ScenarioError(f"--grid {key}: value {dups[0]} given twice" if len(dups) == 1 else
+                                f"--grid {key}: values {' and '.join(dups)} are the same number")
     if repeat is None and "repeat" not in table:
         raise ScenarioError("--repeat: required (or repeat = R in the scenario's [sweep] table)")
     n_rep = _positive_int(repeat if repeat is not None else table["repeat"],

@@ -323,7 +323,7 @@ def test_bounds_hold_over_the_whole_ledger_when_the_audit_replays_a_sample(tmp_p
     spend.parquet: a device outside the sample charged past the guarantee still fails the audit, and the max
     spend reported is the whole ledger's."""
     run = _copy(clean_runs["quickstart"], tmp_path / "run")
-    sample, _ = audit.choose_devices(json.loads((run / "scenario.json").read_text())["population"]["devices"], 
+    sample, _ = audit.choose_devices(json.loads((run / "scenario.json").read_text())["population"]["devices"],
                                      json.loads((run / "summary.json").read_text())["seed"], 5)
     table = pq.read_table(run / "ledger.parquet")
     device = table["device"].to_numpy()
@@ -403,10 +403,36 @@ def test_reports_deleted_from_a_live_transcript_fail(tmp_path) -> None:
     assert record["mismatches"]["summary_claim"]["examples"][0]["key"] == "reports.accepted"
 
 
+def test_a_live_claim_needs_an_event_log_that_says_so_throughout(tmp_path, clean_runs, capsys) -> None:
+    """A run that says it is live without an events.jsonl cannot be audited (exit 2, naming the file); an
+    event log tagged live on its first line only is "mixed", not live."""
+    run = _copy(clean_runs["quickstart"], tmp_path / "run")
+    (run / "events.jsonl").unlink(missing_ok=True)
+    _edit_json(run / "summary.json", runtime="live")
+    assert cli.main(["audit", str(run)]) == 2
+    assert "events.jsonl: missing or unreadable; a live run's event log" in capsys.readouterr().err
+    (run / "events.jsonl").write_text('{"event": "run_start", "runtime": "live"}\n{"event": "round_closed"}\n')
+    record = audit.audit(run, write=False)
+    assert {"key": "runtime", "summary": "live", "recomputed": "mixed"} in \
+        record["mismatches"]["summary_claim"]["examples"]
+
+
+def test_a_boolean_does_not_stand_in_for_a_number_or_a_number_for_a_verdict(tmp_path, clean_runs) -> None:
+    run = _copy(clean_runs["quickstart"], tmp_path / "run")
+    summary = json.loads((run / "summary.json").read_text())
+    summary["privacy"]["within_guarantee"] = 1  # was true
+    summary["privacy"]["round_epsilon"] = True  # was 1.0
+    (run / "summary.json").write_text(json.dumps(summary))
+    record = audit.audit(run, write=False)
+    assert {ex["key"] for ex in record["mismatches"]["summary_claim"]["examples"]} == {
+        "privacy.within_guarantee", "privacy.round_epsilon"}
+
+
 def test_a_simulated_run_relabelled_live_fails(tmp_path, clean_runs) -> None:
     """Relabelling a simulated run as live (where a missing report is unverifiable) to hide deleted reports:
     the event log says which runtime wrote the run."""
     run = _copy(clean_runs["quickstart"], tmp_path / "run")
+    (run / "events.jsonl").write_text('{"event": "run_start"}\n{"event": "round_closed"}\n')  # a simulated run's
     _drop_rows_keep_digest(run, 40)
     summary = json.loads((run / "summary.json").read_text())
     summary["runtime"] = "live"

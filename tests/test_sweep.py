@@ -288,6 +288,7 @@ def test_a_bad_grid_value_fails_before_any_run(tmp_path, monkeypatch, capsys):
     (["--grid", "protocol.epsilon=1,1"], "2", "--grid protocol.epsilon: value 1 given twice"),
     (["--grid", "protocol.epsilon=1,2,1.0"], "2", "--grid protocol.epsilon: values 1 and 1.0 are the same number"),
     (["--grid", "population.devices=1e3,1000"], "2", "values 1000.0 and 1000 are the same number"),
+    (["--grid", "protocol.epsilon=1,2,1.0,2"], "2", "--grid protocol.epsilon: values 1 and 1.0 are the same number"),
     (GRID + ["--grid", "protocol.epsilon=3"], "2", "--grid protocol.epsilon: given twice"),
     (["--grid", "protocol.epsilonn=1,2"], "2", "protocol.epsilonn: unknown key"),
     (["--grid", "population.groups.7.share=1"], "2", "--grid population.groups.7.share"),
