@@ -26,6 +26,12 @@ ROUND_GUARANTEE = "round_guarantee"  # per-report instantaneous guarantee (outpu
 QUANTILES = (0.5, 0.9, 0.99)
 
 
+def exceeds(spend: Any, bound: float) -> Any:
+    """Whether ``spend`` (a number or an array) is above ``bound`` by more than float noise (1e-9 relative,
+    1e-12 absolute): the one test of "within the guarantee / budget" that summaries, audits and checks share."""
+    return np.asarray(spend) > bound * (1 + 1e-9) + 1e-12
+
+
 @dataclass(frozen=True)
 class Charge:
     """``amount`` charged to each of ``devices`` (strictly increasing ids) in ``round`` at ``time``."""

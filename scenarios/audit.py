@@ -57,6 +57,7 @@ import numpy as np
 
 from protocols import keyed
 from protocols.keyed import Purpose, stream_key
+from protocols.ledger import exceeds
 from protocols.messages import CollectionRequest, Decision, Threshold
 from protocols import reference
 from scenarios.schema import Scenario, ScenarioError, parse
@@ -89,6 +90,7 @@ class RunFiles:
     ledger_source: str
     spend: Any | None = None
     runtime: str = "simulated"  # "live": real TCP, no simulated loss, latency or downlink loss
+    logged_runtime: str | None = None  # the runtime events.jsonl names (events_runtime), None without one
 
 
 def _json(path: Path) -> Any:
@@ -229,19 +231,13 @@ def load(run_dir: Path | str, ledgers: Sequence[Path | str] | None = None) -> Ru
     spend = None
     if not ledgers and (run / tables.SPEND).is_file() and privacy.get("ledger", "this run") == "this run":
         spend = _parquet(run / tables.SPEND, "per-device spend", ("device", "spend"))
-    runtime = _runtime(run, summary)
-    if runtime != "simulated" and events_runtime(run) is None:
+    logged = events_runtime(run)
+    # which runtime wrote the run: summary.json's runtime if it says, else the event log's, else simulated
+    runtime = summary["runtime"] if isinstance(summary.get("runtime"), str) else logged or "simulated"
+    if runtime != "simulated" and logged is None:
         raise AuditInputError(f"{run / 'events.jsonl'}: missing or unreadable; a {runtime} run's event log says "
                               "which runtime wrote it (its missing reports are otherwise unverifiable)")
-    return RunFiles(run, scenario, summary, downlink, times, transcript, ledger, source, spend, runtime)
-
-
-def _runtime(run: Path, summary: dict) -> str:
-    """Which runtime wrote the run: summary.json's ``runtime`` if it says, else the first event of
-    events.jsonl's (:func:`events_runtime`), else simulated."""
-    if isinstance(summary.get("runtime"), str):
-        return summary["runtime"]
-    return events_runtime(run) or "simulated"
+    return RunFiles(run, scenario, summary, downlink, times, transcript, ledger, source, spend, runtime, logged)
 
 
 def events_runtime(run: Path) -> str | None:
@@ -675,10 +671,6 @@ def _classify(dev: int, ref_rows: list, led_rows: list, findings: Findings) -> N
         findings.add("charge_unexpected", device=dev, round=row[0], reason=row[1], amount=row[2])
 
 
-def _over(x: np.ndarray, bound: float) -> np.ndarray:
-    return x > bound * (1 + REL_TOL) + 1e-12
-
-
 def ledger_totals(files: RunFiles) -> np.ndarray:
     """Every device's total in the ledger (the whole ledger, whichever devices the audit replays); charges of
     devices outside the population are left out (compare_charges names them)."""
@@ -698,7 +690,7 @@ def check_bounds(files: RunFiles, totals: np.ndarray, findings: Findings) -> tup
     for kind, bound in (("over_guarantee", guarantee), ("over_budget", budget)):
         if bound is None:
             continue
-        over = np.flatnonzero(_over(totals, bound))
+        over = np.flatnonzero(exceeds(totals, bound))
         for j in over[:EXAMPLES]:
             findings.example(kind, device=j, spend=totals[j], bound=bound)
         findings.count(kind, over.size)
@@ -727,14 +719,13 @@ def check_claims(files: RunFiles, guarantee: float, budget: float | None, max_sp
         epsilon = files.summary.get("epsilon")
         claims += [("privacy.max_spend", privacy.get("max_spend"), max_spend),
                    ("epsilon.max", epsilon.get("max") if isinstance(epsilon, dict) else None, max_spend),
-                   ("privacy.within_guarantee", privacy.get("within_guarantee"), not _over(np.array([max_spend]),
-                                                                                          guarantee)[0])]
+                   ("privacy.within_guarantee", privacy.get("within_guarantee"), not exceeds(max_spend, guarantee))]
         if budget is not None:
             claims.append(("privacy.within_budget", privacy.get("within_budget"),
-                           not _over(np.array([max_spend]), budget)[0]))
+                           not exceeds(max_spend, budget)))
     # a live run's missing reports are unverifiable (module docstring): the runtime must be the one the event
     # log names, and the transcript must hold every report the collector says it accepted
-    logged = events_runtime(files.run_dir)
+    logged = files.logged_runtime
     if logged is not None or files.runtime != "simulated":  # the weaker check claimed: the event log must say so
         claims.append(("runtime", files.runtime, logged or "simulated"))
     reports = files.summary.get("reports")

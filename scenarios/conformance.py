@@ -31,6 +31,7 @@ import numpy as np
 
 from protocols import keyed
 from protocols.keyed import Purpose, stream_key
+from protocols.ledger import exceeds
 
 __all__ = ["CHECKS", "ConformanceError", "check_audit", "check_cohort_split", "check_hostile",
            "check_live_equals_simulated", "check_privacy_audit", "check_wire", "run_conformance", "scenario_for"]
@@ -192,7 +193,7 @@ def check_hostile(sc: Any) -> dict[str, float]:
             continue
         s = _summary(dataclasses.replace(sc, behavior=behavior))
         pv = s["privacy"]
-        if not pv["within_guarantee"] or pv["max_spend"] > pv["guarantee"] * (1 + 1e-9) + 1e-12:
+        if not pv["within_guarantee"] or exceeds(pv["max_spend"], pv["guarantee"]):
             raise _fail("hostile", f"{behavior}: a device spent {pv['max_spend']} > guarantee {pv['guarantee']}")
         if not pv["ignored_messages"]:
             raise _fail("hostile", f"{behavior}: the devices ignored no hostile message (did they answer it?)")

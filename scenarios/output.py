@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 import numpy as np
 
+from protocols.ledger import exceeds
 from scenarios import attacks
 from scenarios.metrics import error_summary, range_mse, range_queries, round_metrics
 from scenarios.runner import RunResult, bucket_width
@@ -203,9 +204,9 @@ def privacy_summary(result: RunResult) -> dict:
         "budget": sc.budget, "horizon": sc.collections, "collector_behavior": sc.behavior,
         "ledger": "this run" if kept else "device shards",
         "max_spend": max_spend,
-        "within_guarantee": None if max_spend is None else bool(max_spend <= g.value * (1 + 1e-9) + 1e-12),
+        "within_guarantee": None if max_spend is None else not exceeds(max_spend, g.value),
         "within_budget": (None if max_spend is None or sc.budget is None
-                          else bool(max_spend <= sc.budget * (1 + 1e-9) + 1e-12)),
+                          else not exceeds(max_spend, sc.budget)),
         "refusals": result.guards.get("refusals") if kept else None,
         "ignored_messages": result.guards.get("ignored") if kept else None,
     }

@@ -41,6 +41,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from protocols.ledger import exceeds
 from scenarios import schema
 from scenarios.schema import PROTOCOLS, Scenario, ScenarioError
 
@@ -413,7 +414,7 @@ class Row:
     def exceeds(self) -> bool:
         """Whether the lower bound is above the claim: the implementation leaks more than it charges."""
         return (self.eps_lb is not None and self.claimed is not None
-                and self.eps_lb > self.claimed * (1 + 1e-9) + 1e-12)
+                and bool(exceeds(self.eps_lb, self.claimed)))
 
     def as_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
