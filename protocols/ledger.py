@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import numba as nb
 import numpy as np
@@ -48,8 +48,9 @@ class Charge:
             raise ValueError(f"charge amount must be finite and >= 0, got {self.amount}")
 
 
-def _runs(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Maximal runs of consecutive ids as (starts, stops), stops exclusive."""
+def id_runs(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Maximal runs of consecutive ids as (starts, stops), stops exclusive (in sorted ids, a repeated id starts
+    a run of its own)."""
     if ids.size == 0:
         return np.empty(0, np.int64), np.empty(0, np.int64)
     ids = ids.astype(np.int64, copy=False)
@@ -57,6 +58,42 @@ def _runs(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     starts = ids[np.concatenate(([0], breaks + 1))]
     stops = ids[np.concatenate((breaks, [ids.size - 1]))] + 1
     return starts, stops
+
+
+def _merge_touching(starts: np.ndarray, stops: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Runs sorted by start with ``[a, b) + [b, c)`` merged into ``[a, c)``."""
+    order = np.argsort(starts, kind="stable")
+    starts, stops = starts[order], stops[order]
+    if starts.size > 1:
+        keep = np.concatenate(([True], starts[1:] != stops[:-1]))
+        first = np.flatnonzero(keep)
+        last = np.concatenate((first[1:] - 1, [starts.size - 1]))
+        starts, stops = starts[first], stops[last]
+    return starts, stops
+
+
+#: first bytes hashed by :func:`rows_digest` (the version of its canonical form)
+ROWS_DIGEST_TAG = b"ldpsim-ledger-rows/1\n"
+
+#: a group of ledger rows as :func:`rows_digest` takes it: (round, time.hex(), reason, amount.hex()) and the
+#: runs (starts, stops) of its devices' sorted ids
+RowGroup = tuple[tuple[int, str, str, str], np.ndarray, np.ndarray]
+
+
+def rows_digest(groups: Iterable[RowGroup]) -> str:
+    """sha256 of a ledger's cumulative rows (one per device and charge, as ledger.parquet holds them) in
+    canonical form, so that it does not depend on the order or the cohorts they were charged in: the version
+    tag, then for each (round, time, reason, amount) in sorted order (floats as ``float.hex``, so exact), its
+    repr, the number of runs and the runs' starts and stops (little-endian int64) of its devices' sorted ids.
+    :meth:`Ledger.rows_digest` computes it from the charges kept, ``scenarios.tables.ledger_rows_digest_of_table``
+    from ledger.parquet alone; each key must come once."""
+    h = hashlib.sha256(ROWS_DIGEST_TAG)
+    for key, starts, stops in sorted(groups, key=lambda g: g[0]):
+        h.update(repr(key).encode())
+        h.update(np.int64(starts.size).astype("<i8").tobytes())
+        h.update(starts.astype("<i8").tobytes())
+        h.update(stops.astype("<i8").tobytes())
+    return h.hexdigest()
 
 
 def quantiles(values: np.ndarray, cumulative: np.ndarray, qs: tuple[float, ...]) -> np.ndarray:
@@ -447,25 +484,52 @@ class Ledger:
     def digest(self) -> str:
         """sha256 of the canonical form: charges grouped by (round, time, reason, amount, cumulative), each
         group's device set as its sorted maximal runs of consecutive ids. Independent of cohort split."""
+        return self._digests(full=True, rows=False)[0]
+
+    def rows_digest(self) -> str:
+        """:func:`rows_digest` of the cumulative charges: what ledger.parquet's rows digest to."""
+        return self._digests(full=False, rows=True)[1]
+
+    def digests(self) -> tuple[str, str]:
+        """(:meth:`digest`, :meth:`rows_digest`), from one pass over the charges' device runs."""
+        return self._digests(full=True, rows=True)
+
+    def _digests(self, full: bool, rows: bool) -> tuple[str, str]:
+        """The digests asked for ("" for the other). For the rows digest, charges of one key that name disjoint
+        id ranges cost no pass over their devices; overlapping ones (a device charged twice the same in one
+        round) are expanded and sorted."""
         groups: dict[tuple, list[tuple[np.ndarray, np.ndarray]]] = defaultdict(list)
+        pieces: dict[tuple[int, str, str, str], list[tuple[int, int, np.ndarray | None, tuple[np.ndarray, np.ndarray]]]
+                     ] = defaultdict(list)
         for rnd, time, reason, amount, cumulative, lo, hi, ids in self._chunks:
-            key = (rnd, float(time).hex(), reason, float(amount).hex(), cumulative)
-            if ids is None:
-                groups[key].append((np.array([lo], np.int64), np.array([hi], np.int64)))
-            else:
-                groups[key].append(_runs(ids))
-        h = hashlib.sha256()
-        for key in sorted(groups):
-            starts = np.concatenate([g[0] for g in groups[key]])
-            stops = np.concatenate([g[1] for g in groups[key]])
-            order = np.argsort(starts, kind="stable")
-            starts, stops = starts[order], stops[order]
-            if starts.size > 1:  # merge runs that touch: [a, b) + [b, c) -> [a, c)
-                keep = np.concatenate(([True], starts[1:] != stops[:-1]))
-                first = np.flatnonzero(keep)
-                last = np.concatenate((first[1:] - 1, [starts.size - 1]))
-                starts, stops = starts[first], stops[last]
-            h.update(repr(key).encode())
-            h.update(starts.astype("<i8").tobytes())
-            h.update(stops.astype("<i8").tobytes())
-        return h.hexdigest()
+            if not (full or cumulative):
+                continue
+            runs = (np.array([lo], np.int64), np.array([hi], np.int64)) if ids is None else id_runs(ids)
+            if full:
+                groups[(rnd, float(time).hex(), reason, float(amount).hex(), cumulative)].append(runs)
+            if rows and cumulative:
+                pieces[(int(rnd), float(time).hex(), reason, float(amount).hex())].append((lo, hi, ids, runs))
+        full_digest = rows_digest_ = ""
+        if full:
+            h = hashlib.sha256()
+            for key in sorted(groups):
+                starts, stops = _merge_touching(np.concatenate([g[0] for g in groups[key]]),
+                                                np.concatenate([g[1] for g in groups[key]]))
+                h.update(repr(key).encode())
+                h.update(starts.astype("<i8").tobytes())
+                h.update(stops.astype("<i8").tobytes())
+            full_digest = h.hexdigest()
+        if rows:
+            keyed = []
+            for key, parts in pieces.items():
+                parts.sort(key=lambda p: p[0])
+                if all(a[1] <= b[0] for a, b in zip(parts, parts[1:])):
+                    starts, stops = _merge_touching(np.concatenate([p[3][0] for p in parts]),
+                                                    np.concatenate([p[3][1] for p in parts]))
+                else:
+                    starts, stops = id_runs(np.sort(np.concatenate(
+                        [np.arange(lo, hi, dtype=np.int64) if ids is None else ids.astype(np.int64)
+                         for lo, hi, ids, _ in parts])))
+                keyed.append((key, starts, stops))
+            rows_digest_ = rows_digest(keyed)
+        return full_digest, rows_digest_

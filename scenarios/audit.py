@@ -21,7 +21,8 @@ per-device downlink loss recomputed from its keyed draws. Then it compares:
   budget and per-report epsilon recomputed from the scenario; max spend, ``epsilon.max``, within_guarantee
   and within_budget from the ledger's totals;
 - the transcript digest recomputed from transcript.parquet with summary.json's ``digests.transcript``
-  (``transcript_digest``).
+  (``transcript_digest``), and the ledger rows digest recomputed from ledger.parquet with
+  ``digests.ledger_rows`` (``ledger_digest``: it covers the charges' times too, which no other check reads).
 
 Floats compare to 1e-9 relative. The result goes to RUN_DIR/audit.json (atomically): devices, reports and
 charges checked, mismatches by kind with the first examples of each, the largest spend, the guarantee, and
@@ -70,7 +71,7 @@ AUDIT_SAMPLE = 0x61756469
 KINDS = {"collect": 1, "decision": 2, "threshold": 3}  # keys of the downlink loss draws (agents/cohort.py)
 MISMATCH_KINDS = ("report_value", "unexpected_report", "duplicate_report", "missing_report", "unexpected_delivery",
                   "report_columns", "charge_amount", "charge_missing", "charge_unexpected", "over_guarantee",
-                  "over_budget", "spend_total", "summary_claim", "transcript_digest")
+                  "ledger_digest", "over_budget", "spend_total", "summary_claim", "transcript_digest")
 
 
 class AuditInputError(ScenarioError):
@@ -128,7 +129,7 @@ def _message(record: Any, where: str) -> tuple[float, Any]:
 #: the type each key column of the run's tables must have: (test on the Arrow type, what it must be)
 _COLUMN_TYPES: dict[str, tuple[str, str]] = {
     "device": ("integer", "integers"), "round": ("integer", "integers"), "amount": ("number", "numbers"),
-    "spend": ("number", "numbers"), "stage": ("text", "strings"), "reason": ("text", "strings")}
+    "spend": ("number", "numbers"), "time": ("number", "numbers"), "stage": ("text", "strings"), "reason": ("text", "strings")}
 
 
 def _type_is(kind: str, t: Any) -> bool:
@@ -157,6 +158,8 @@ def _parquet(path: Path, what: str, required: Sequence[str]) -> Any:
         kind, plural = _COLUMN_TYPES.get(c, ("", ""))
         if kind and not _type_is(kind, table.schema.field(c).type):
             raise AuditInputError(f"{path}: column {c!r} must hold {plural}, not {table.schema.field(c).type}")
+        if table[c].null_count:
+            raise AuditInputError(f"{path}: column {c!r} has {table[c].null_count:,} missing (null) value(s)")
     return table
 
 
@@ -217,7 +220,7 @@ def load(run_dir: Path | str, ledgers: Sequence[Path | str] | None = None) -> Ru
     if meta.get("protocol") != scenario.protocol.name:
         raise AuditInputError(f"{run / tables.TRANSCRIPT}: holds protocol {meta.get('protocol')!r}, the scenario "
                               f"runs {scenario.protocol.name!r}")
-    need = ("device", "round", "reason", "amount")
+    need = ("device", "round", "time", "reason", "amount")
     if ledgers:
         parts = [_parquet(Path(p), "a device shard's ledger", need).select(list(need)) for p in ledgers]
         ledger = pa.concat_tables([_plain_reason(t) for t in parts])
@@ -743,6 +746,24 @@ def check_claims(files: RunFiles, guarantee: float, budget: float | None, max_sp
             findings.add("summary_claim", key=key, summary=said, recomputed=true)
 
 
+def check_ledger_digest(files: RunFiles, findings: Findings) -> dict:
+    """The ledger rows digest recomputed from the ledger read against summary.json's ``digests.ledger_rows``
+    (``ledger_digest``): a row of ledger.parquet changed, added or removed (its time included, which no other
+    check reads) fails. A run whose ledger this run directory keeps must state the digest; shards' ledgers
+    (``--ledger``) have none in summary.json and are recomputed only."""
+    from scenarios import tables
+
+    digests = files.summary["digests"]
+    said = digests.get("ledger_rows")
+    recomputed = tables.ledger_rows_digest_of_table(files.ledger)
+    if files.ledger_source == "ledger.parquet":
+        if not isinstance(said, str):
+            findings.add("ledger_digest", problem="summary.json states no digests.ledger_rows for its ledger.parquet")
+        elif said != recomputed:
+            findings.add("ledger_digest", recomputed=recomputed, summary=said)
+    return {"recomputed": recomputed, "summary": said if isinstance(said, str) else None}
+
+
 # ------------------------------------------------------------------------------------------- the audit
 def audit(run_dir: Path | str, devices: int | str | None = None, ledgers: Sequence[Path | str] | None = None,
           progress: bool = False, write: bool = True) -> dict:
@@ -766,6 +787,7 @@ def audit(run_dir: Path | str, devices: int | str | None = None, ledgers: Sequen
         findings.add("transcript_digest", problem=str(exc)[:300])
     if digest is not None and digest != files.summary["digests"]["transcript"]:
         findings.add("transcript_digest", recomputed=digest, summary=files.summary["digests"]["transcript"])
+    ledger_digest = check_ledger_digest(files, findings)
     timing["digest"] = time.perf_counter() - t0 - sum(timing.values())
     rep = replay(files, ids, progress)
     timing["replay"] = time.perf_counter() - t0 - sum(timing.values())
@@ -792,6 +814,7 @@ def audit(run_dir: Path | str, devices: int | str | None = None, ledgers: Sequen
         "guarantee": guarantee,
         "budget": budget,
         "transcript_digest": {"recomputed": digest, "summary": files.summary["digests"]["transcript"]},
+        "ledger_digest": ledger_digest,
         "mismatches": mismatches,
         "verdict": "clean" if not mismatches else "failed",
         "seconds": round(time.perf_counter() - t0, 3),

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from protocols.ledger import exceeds
+from protocols.ledger import Ledger, exceeds
 from scenarios import attacks
 from scenarios.metrics import error_summary, range_mse, range_queries, round_metrics
 from scenarios.runner import RunResult, bucket_width
@@ -269,11 +269,19 @@ def summary(result: RunResult) -> dict:
         **(_stream_summary(result, truth, est) if sc.protocol.kind == "stream" else {}),
         # the ledger's digest where this run kept it (`ldpsim serve`: the device shards do; None, not the
         # digest of an empty ledger)
-        "digests": {"transcript": result.transcript_digest, "ledger": result.ledger.digest() if kept else None,
+        # ledger: every charge, per-report guarantees included; ledger_rows: the cumulative charges, which
+        # ledger.parquet holds and an audit recomputes this from
+        "digests": {"transcript": result.transcript_digest, **_ledger_digests(result.ledger if kept else None),
                     "estimates": _sha256_bytes(np.array([r.round for r in recs], "<i8"), est.astype("<f8"))},
         "wall_seconds": result.wall_seconds,
         **({"live": result.extra["live"]} if "live" in result.extra else {}),  # live runs: drops by cause
     }
+
+
+def _ledger_digests(ledger: Ledger | None) -> dict[str, str | None]:
+    """summary.json's ledger digests (None, not the digests of an empty ledger, where the run kept none)."""
+    full, rows = ledger.digests() if ledger is not None else (None, None)
+    return {"ledger": full, "ledger_rows": rows}
 
 
 def _write_estimates(result: RunResult, out: Path, seconds: dict[str, float] | None = None,

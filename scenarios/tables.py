@@ -349,6 +349,56 @@ def write_spend(path: Path | str, group_index: np.ndarray, group_names: Sequence
                        column_encoding={"device": "DELTA_BINARY_PACKED"})
 
 
+def ledger_rows_digest_of_table(table: pa.Table) -> str:
+    """The ledger rows digest (protocols.ledger.rows_digest) from ledger rows alone (columns device, round,
+    time, reason, amount: ledger.parquet, or device shards' files concatenated). Equals summary.json's
+    ``digests.ledger_rows`` for the run's ledger.parquet. Rows of one (round, time, reason, amount) are found
+    as the file's stretches of equal keys (a few per cohort and round as written; a file whose rows were
+    reordered is sorted first), then each key's devices sorted."""
+    import pyarrow.compute as pc
+
+    from protocols.ledger import id_runs, rows_digest
+
+    reason = table["reason"]
+    if not pa.types.is_dictionary(reason.type):
+        reason = pc.dictionary_encode(reason)
+    # one dictionary for all chunks; its entries may repeat (files written apart), so a code is its name
+    chunks = reason.unify_dictionaries().chunks if isinstance(reason, pa.ChunkedArray) else [reason]
+    names = chunks[0].dictionary.to_pylist() if chunks else []
+    code = np.concatenate([np.asarray(c.indices, dtype=np.int64) for c in chunks]) if chunks else np.empty(0, np.int64)
+
+    def column(name: str, dtype: Any) -> np.ndarray:
+        return table[name].to_numpy().astype(dtype, copy=False)
+
+    device, rnd = column("device", np.int64), column("round", np.int64)
+    when = column("time", np.float64).view(np.int64)  # bits: keys compare exactly
+    amount = column("amount", np.float64).view(np.int64)
+    keys = (rnd, code, when, amount)
+
+    def stretches() -> np.ndarray:
+        changed = np.zeros(max(device.size - 1, 0), dtype=bool)
+        for k in keys:
+            changed |= k[1:] != k[:-1]
+        return np.flatnonzero(np.r_[True, changed]) if device.size else np.empty(0, np.int64)
+
+    starts = stretches()
+    if starts.size > 4096 and starts.size > device.size // 64:  # shuffled rows: sort them by key once
+        order = np.lexsort((device, amount, when, code, rnd))
+        device, rnd, code, when, amount = (a[order] for a in (device, rnd, code, when, amount))
+        keys = (rnd, code, when, amount)
+        starts = stretches()
+    parts: dict[tuple[int, str, str, str], list[np.ndarray]] = {}
+    for lo, hi in zip(starts.tolist(), np.r_[starts[1:], device.size].tolist()):
+        key = (int(rnd[lo]), float(when[lo:lo + 1].view(np.float64)[0]).hex(), names[code[lo]],
+               float(amount[lo:lo + 1].view(np.float64)[0]).hex())
+        parts.setdefault(key, []).append(device[lo:hi])
+    groups = []
+    for key, ids in parts.items():
+        starts_, stops = id_runs(np.sort(np.concatenate(ids), kind="stable"))
+        groups.append((key, starts_, stops))
+    return rows_digest(groups)
+
+
 def read_ledger(run_dir: Path | str, columns: list[str] | None = None, filters: Any = None) -> pa.Table:
     """ledger.parquet of a run directory (or the file itself)."""
     path = Path(run_dir)

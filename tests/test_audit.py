@@ -62,6 +62,7 @@ def test_shipped_scenarios_audit_clean(tmp_path, name) -> None:
     on_disk = json.loads((run / "audit.json").read_text())
     assert on_disk["verdict"] == "clean" and on_disk["transcript_digest"]["recomputed"] == on_disk[
         "transcript_digest"]["summary"]
+    assert on_disk["ledger_digest"]["recomputed"] == on_disk["ledger_digest"]["summary"] is not None
 
 
 def _with_protocol(base: str, protocol: dict, extra: list[str]) -> schema.Scenario:
@@ -179,6 +180,16 @@ def _retype(path: Path, column: str, to: pa.DataType) -> None:
     _rewrite(path, table.set_column(at, pa.field(column, to), cast.cast(to)))
 
 
+def _null_at(path: Path, column: str, row: int) -> None:
+    """The table with one value of ``column`` missing (null), its metadata kept."""
+    table = pq.read_table(path)
+    values = table[column].to_pylist()
+    values[row] = None
+    at = table.schema.get_field_index(column)
+    _rewrite(path, table.set_column(at, pa.field(column, table.schema.field(column).type),
+                                    pa.array(values, table.schema.field(column).type)))
+
+
 META = f'"format": "{tables.FORMAT}", "protocol": "1bitrrpm"'  # the start of a transcript's metadata
 
 
@@ -196,7 +207,7 @@ def test_tampered_ledger_amount(tmp_path, clean_runs) -> None:
     record = audit.audit(run)
     assert record["verdict"] == "failed"
     # the device now spends more than summary.json's max spend says any device spent
-    assert kinds(record) == {"charge_amount", "spend_total", "summary_claim"}
+    assert kinds(record) == {"charge_amount", "spend_total", "summary_claim", "ledger_digest"}
     assert {ex["key"] for ex in record["mismatches"]["summary_claim"]["examples"]} == {"privacy.max_spend",
                                                                                       "epsilon.max"}
     ex = record["mismatches"]["charge_amount"]["examples"][0]
@@ -211,6 +222,31 @@ def test_tampered_ledger_rows(tmp_path, clean_runs) -> None:
     _rewrite(run / "ledger.parquet", pa.concat_tables([table.slice(1), extra.cast(table.schema)]))
     record = audit.audit(run, write=False)
     assert {"charge_missing", "charge_unexpected"} <= kinds(record)
+
+
+def test_a_ledger_row_retimed_fails_and_reordered_rows_pass(tmp_path, clean_runs) -> None:
+    """A charge's time is read by no replay check; the rows digest catches it. The digest is canonical:
+    the same rows in another order (as another cohort split writes them) audit clean."""
+    run = _copy(clean_runs["quickstart"], tmp_path / "run")
+    table = pq.read_table(run / "ledger.parquet")
+    when = table["time"].to_numpy().copy()
+    when[5] += 1.0
+    _rewrite(run / "ledger.parquet", table.set_column(table.column_names.index("time"), "time", pa.array(when)))
+    record = audit.audit(run, write=False)
+    assert kinds(record) == {"ledger_digest"}
+    assert record["mismatches"]["ledger_digest"]["examples"][0]["summary"] == record["ledger_digest"]["summary"]
+
+    order = np.random.default_rng(1).permutation(table.num_rows)
+    _rewrite(run / "ledger.parquet", table.take(pa.array(order)))
+    record = audit.audit(run, write=False)
+    assert record["verdict"] == "clean", record["mismatches"]
+
+    summary = json.loads((run / "summary.json").read_text())
+    del summary["digests"]["ledger_rows"]
+    (run / "summary.json").write_text(json.dumps(summary))
+    record = audit.audit(run, write=False)
+    assert kinds(record) == {"ledger_digest"}
+    assert "no digests.ledger_rows" in record["mismatches"]["ledger_digest"]["examples"][0]["problem"]
 
 
 def test_tampered_transcript_bit(tmp_path, clean_runs) -> None:
@@ -472,6 +508,10 @@ def test_cli_json_and_exit_codes(tmp_path, clean_runs, capsys) -> None:
     (lambda r: _retype(r / "ledger.parquet", "amount", pa.string()), "column 'amount' must hold numbers"),
     (lambda r: _retype(r / "ledger.parquet", "device", pa.string()), "column 'device' must hold integers"),
     (lambda r: _retype(r / "spend.parquet", "spend", pa.string()), "column 'spend' must hold numbers"),
+    (lambda r: _retype(r / "ledger.parquet", "time", pa.string()), "column 'time' must hold numbers"),
+    (lambda r: _null_at(r / "ledger.parquet", "reason", 3), "column 'reason' has 1 missing (null) value(s)"),
+    (lambda r: _null_at(r / "ledger.parquet", "device", 0), "column 'device' has 1 missing (null) value(s)"),
+    (lambda r: _null_at(r / "transcript.parquet", "round", 9), "column 'round' has 1 missing (null) value(s)"),
     (lambda r: _transcript_meta(r, "[1, 2]"), "metadata must be a JSON object"),
     (lambda r: _transcript_meta(r, f'{{{META}, "stages": []}}'), "devices must be"),
     (lambda r: _transcript_meta(r, f'{{{META}, "devices": 5, "stages": [{{"name": "x"}}]}}'),

@@ -48,6 +48,52 @@ def test_digest_changes_with_any_charge() -> None:
         assert other.digest() != base.digest()
 
 
+def test_rows_digest_covers_the_cumulative_rows_only_and_does_not_depend_on_chunking() -> None:
+    ledgers = []
+    for split in ([], [1, 2, 3, 50], list(range(1, 100, 7))):
+        led = Ledger(100)
+        for c in _charges(split):
+            led.record(c)
+        ledgers.append(led)
+    assert len({led.rows_digest() for led in ledgers}) == 1
+    base = ledgers[0]
+    for change, rows_change in ((Charge(2, 0.05, MEMO_REVEAL, 1.0, np.array([1])), True),  # one more row
+                                (Charge(2, 0.06, MEMO_REVEAL, 0.0, np.array([0])), True),  # another time
+                                (Charge(2, 0.05, ROUND_GUARANTEE, 0.9, np.array([4]), cumulative=False), False)):
+        other = Ledger(100)
+        for c in _charges([]):
+            other.record(c)
+        other.record(change)
+        assert (other.rows_digest() != base.rows_digest()) == rows_change
+        assert other.digest() != base.digest()
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_rows_digest_recomputes_from_the_written_ledger_file(tmp_path, shuffle) -> None:
+    """The digest of the charges kept equals the one recomputed from ledger.parquet alone, with contiguous
+    and listed ids, a device charged twice with the same key, and the file's rows in any order."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from scenarios import tables
+
+    rng = np.random.default_rng(3)
+    led = Ledger(20_000)
+    for rnd in range(1, 4):
+        led.record(Charge(rnd, rnd * 0.5, MEMO_REVEAL, 1.0, np.arange(0, 5_000)))
+        led.record(Charge(rnd, rnd * 0.5, MEMO_REVEAL, 1.0, np.arange(5_000, 9_000)))  # touches the first
+        led.record(Charge(rnd, rnd * 0.5, MEMO_REVEAL, 1.0, np.flatnonzero(rng.random(20_000) < 0.3)))  # overlaps
+        led.record(Charge(rnd, rnd * 0.5, MEMO_REVEAL, 0.5, np.flatnonzero(rng.random(20_000) < 0.1)))
+        led.record(Charge(rnd, rnd * 0.5, ROUND_GUARANTEE, 0.7, np.arange(20_000), cumulative=False))
+    path = tmp_path / "ledger.parquet"
+    tables.write_ledger(path, led.rows())
+    table = pq.read_table(path)
+    if shuffle:  # many short stretches of equal keys: sorted first
+        table = table.take(pa.array(rng.permutation(table.num_rows)))
+    assert tables.ledger_rows_digest_of_table(table) == led.rows_digest()
+    assert tables.ledger_rows_digest_of_table(table.slice(1)) != led.rows_digest()
+
+
 def test_rows_expand_to_one_row_per_device_and_charge() -> None:
     led = Ledger(10)
     led.record(Charge(1, 0.0, MEMO_REVEAL, 0.5, np.arange(10)))
