@@ -16,12 +16,15 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
 
 from agents.world import World
 from protocols import snapshot, wire
-from protocols.ledger import Charge, Ledger
-from scenarios import journal, output, runner, schema
+from protocols.ledger import Ledger
+from scenarios import audit, journal, output, runner, schema, tables
 from tests.support import PROTOCOL_TABLES, protocol_scenario
 
 
@@ -285,27 +288,11 @@ def _finish(procs: list[subprocess.Popen], timeout: float = 90) -> None:
                 p.kill()
 
 
-def _cumulative_digest(chunks) -> str:
-    """Ledger digest of the cumulative charges only (what a shard's ledger.parquet holds)."""
-    chunks = [ch for ch in chunks if len(ch["devices"])]
-    led = Ledger(max((int(np.max(ch["devices"])) + 1 for ch in chunks), default=0))
-    for ch in chunks:
-        if ch.get("cumulative", True):
-            led.record(Charge(int(ch["round"]), float(ch["time"]), str(ch["reason"]), float(ch["amount"]),
-                              np.asarray(ch["devices"], dtype=np.int64)))
-    return led.digest()
-
-
-def _shard_chunks(dev: Path) -> list[dict]:
-    import pandas as pd
-
-    out = []
-    for f in sorted(dev.glob("ledger-shard-*.parquet")):
-        t = pd.read_parquet(f)
-        for (rnd, time_, reason, amount), g in t.groupby(["round", "time", "reason", "amount"], sort=False):
-            out.append({"round": rnd, "time": time_, "reason": reason, "amount": amount,
-                        "devices": np.sort(g["device"].to_numpy())})
-    return out
+def _shard_ledgers(dev: Path, pattern: str = "ledger-shard-*.parquet") -> pa.Table:
+    """The device shards' ledger.parquet files, concatenated (reasons as plain strings: their dictionaries differ)."""
+    parts = [pq.read_table(f) for f in sorted(dev.glob(pattern))]
+    assert parts, f"no {pattern} in {dev}"
+    return pa.concat_tables([t.set_column(3, "reason", t["reason"].cast(pa.string())) for t in parts])
 
 
 def _journal_round(srv: Path, sc: schema.Scenario) -> int:
@@ -371,8 +358,13 @@ class _KilledServe:
         sim = output.summary(sim_result)
         assert got["digests"]["transcript"] == sim["digests"]["transcript"]
         assert got["digests"]["estimates"] == sim["digests"]["estimates"]
-        assert _cumulative_digest(_shard_chunks(self.dev)) == _cumulative_digest(sim_result.ledger.rows())
+        assert tables.ledger_rows_digest_of_table(_shard_ledgers(self.dev)) == sim_result.ledger.rows_digest()
         assert not (self.srv / journal.JOURNAL).exists()  # a finished run drops its journal
+        # the resumed run's directory audits clean against the shards' ledgers: every broadcast of both
+        # collector processes is in downlink.jsonl, every report in the transcript
+        record = audit.audit(self.srv, ledgers=sorted(self.dev.glob("ledger-shard-*.parquet")), write=False)
+        assert record["runtime"] == "live" and record["verdict"] == "clean", record["mismatches"]
+        assert record["reports_checked"]["matched"] == record["reports_checked"]["reference_reports"] > 0
         return sim_result
 
 
@@ -429,19 +421,14 @@ def test_device_process_killed_mid_run_never_spends_twice(tmp_path: Path) -> Non
     sim_result = runner.run(sc)
     sim = output.summary(sim_result)
     half = sc.devices // 2
-    sim_rows = [{**ch, "devices": ch["devices"][ch["devices"] < half]} for ch in sim_result.ledger.rows()]
-    assert _cumulative_digest(_shard_chunks_of(dev, 1)) == _cumulative_digest(sim_rows)
+    tables.write_ledger(tmp_path / "sim-ledger.parquet", sim_result.ledger.rows())
+    sim_rows = pq.read_table(tmp_path / "sim-ledger.parquet")
+    sim_rows = sim_rows.filter(pc.less(sim_rows["device"], half))
+    assert (tables.ledger_rows_digest_of_table(_shard_ledgers(dev, "ledger-shard-1-of-2.parquet"))
+            == tables.ledger_rows_digest_of_table(sim_rows))
     assert summary["digests"]["transcript"] == sim["digests"]["transcript"]
     assert summary["digests"]["estimates"] == sim["digests"]["estimates"]
     assert not state.exists() or snapshot.decode(state.read_bytes(), journal.DEVICE_KIND)["done"]
-
-
-def _shard_chunks_of(dev: Path, index: int) -> list[dict]:
-    import pandas as pd
-
-    t = pd.read_parquet(dev / f"ledger-shard-{index}-of-2.parquet")
-    return [{"round": rnd, "time": tm, "reason": reason, "amount": amount, "devices": np.sort(g["device"].to_numpy())}
-            for (rnd, tm, reason, amount), g in t.groupby(["round", "time", "reason", "amount"], sort=False)]
 
 
 def test_resume_refuses_another_scenario_and_a_corrupt_journal(tmp_path: Path) -> None:
