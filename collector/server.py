@@ -177,7 +177,21 @@ class LiveCollector:
             return protocol(asyncio.StreamReader(limit=1 << 16, loop=loop), self._handle, loop=loop)
 
         # a deep backlog: a thousand clients connecting at once overflowed the default 100 (1 s TCP retries)
-        self.server = await loop.create_server(factory, host, port, backlog=4096)
+        for attempt in range(3):
+            self.server = await loop.create_server(factory, host, port, backlog=4096)
+            chosen = {s.getsockname()[1] for s in self.server.sockets}
+            if port != 0 or len(chosen) == 1:
+                break
+            # port 0 on a host of several addresses (IPv4 and IPv6) gave each its own: bind them all to one
+            first = self.server.sockets[0].getsockname()[1]
+            self.server.close()
+            await self.server.wait_closed()
+            try:
+                self.server = await loop.create_server(factory, host, first, backlog=4096)
+                break
+            except OSError:  # taken meanwhile in one of the families: again from fresh ports
+                if attempt == 2:
+                    raise
         return self.server.sockets[0].getsockname()[1]
 
     def _tune(self, writer: asyncio.StreamWriter) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import struct
 
 import msgpack
@@ -104,6 +105,25 @@ async def test_a_client_that_drops_mid_run_reconnects_with_its_state() -> None:
         sent = bits >= 0
         np.testing.assert_array_equal(bits[sent], sim[r][sent])
     assert np.all(ledger.spend <= sim_result.ledger.spend + 1e-12)
+
+
+@pytest.mark.asyncio
+async def test_port_0_on_every_interface_is_one_port_for_every_address_family() -> None:
+    """Host "" binds every interface (IPv4 and, where the machine has it, IPv6); port 0 must give them all the
+    one port the serving line prints, else a device whose host name resolves to the other family finds
+    nothing there."""
+    server, _, _ = live.build_server(SCENARIOS["1bitrrpm"], Ledger(SCENARIOS["1bitrrpm"].devices), None, FAST)
+    port = await server.start("", 0)
+    try:
+        assert {s.getsockname()[1] for s in server.server.sockets} == {port}
+        families = {s.family for s in server.server.sockets}
+        for family, loopback in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
+            if family in families:
+                _, writer = await asyncio.open_connection(loopback, port)
+                writer.close()
+                await writer.wait_closed()
+    finally:
+        await server.close()
 
 
 @pytest.mark.asyncio
