@@ -839,7 +839,7 @@ MODELS: dict[str, type[ReferenceDevice]] = {
 }
 
 
-def _model(params: Any) -> Any:
+def model_of(params: Any) -> Any:
     """The reference model class of ``params``: its own ``reference_model`` (a plugin protocol brings one,
     written against this module's ReferenceDevice), else the built-in one of its name."""
     own = getattr(params, "reference_model", None)
@@ -854,9 +854,9 @@ def _model(params: Any) -> Any:
 
 def reference_device(params: Any, seed: int, device_id: int, limits: Any = None) -> ReferenceDevice:
     """The reference model of one device of ``params``'s protocol."""
-    return _model(params)(params, seed, device_id, limits)
+    return model_of(params)(params, seed, device_id, limits)
 
 
 def stages_of(params: Any) -> tuple[str, ...]:
     """The transcript stages of a protocol, in order."""
-    return _model(params).stages
+    return model_of(params).stages

@@ -182,6 +182,10 @@ def load(run_dir: Path | str, ledgers: Sequence[Path | str] | None = None) -> Ru
         raise AuditInputError(f"{run / 'scenario.json'}: {exc}") from None
     except (TypeError, ValueError) as exc:
         raise AuditInputError(f"{run / 'scenario.json'}: invalid scenario: {exc}") from None
+    try:
+        reference.model_of(scenario.protocol)
+    except ValueError as exc:  # a plugin protocol that brings no reference model
+        raise AuditInputError(f"{run / 'scenario.json'}: {exc}") from None
     privacy = summary.get("privacy")
     if not isinstance(privacy, dict) or not isinstance(privacy.get("guarantee"), (int, float)):
         raise AuditInputError(f"{run / 'summary.json'}: no privacy.guarantee")

@@ -89,3 +89,19 @@ def test_privacy_audit_takes_the_installed_plugin_by_name(monkeypatch) -> None:
     monkeypatch.setattr(registry.lookup("losue").params, "examples", {})
     with pytest.raises(ScenarioError, match=r"^protocol 'losue' gives no example \[protocol\] table"):
         privacy_audit.main("losue", 100, 2, True, None, None, ())
+
+
+def test_audit_of_a_protocol_without_a_reference_model_is_an_input_error(tmp_path, monkeypatch, capsys) -> None:
+    """A plugin may leave out ``reference_model``; auditing its run is then a directory the audit cannot check:
+    one line naming what is missing and exit 2 (not a traceback, not exit 1, which means "failed")."""
+    from scenarios import cli, output, runner, schema
+
+    sc = schema.load(str(EXAMPLE / "losue_usage.toml"),
+                     [f'protocol.name="{MODULE_CLASS}"', "population.devices=300", "rounds=3"])
+    output.write_run_dir(runner.run(sc), tmp_path / "run", transcript="always")
+    assert cli.main(["audit", str(tmp_path / "run")]) == 0  # with its model
+    capsys.readouterr()
+    monkeypatch.setattr(registry.lookup(MODULE_CLASS).params, "reference_model", None)
+    assert cli.main(["audit", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no reference model for protocol 'losue'" in err[0], err
