@@ -8,6 +8,7 @@ types and inconsistent values are errors; nothing is silently ignored.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import tomllib
 import warnings
@@ -419,14 +420,23 @@ def resolve_path(spec: str) -> Path:
 
 
 def read(spec: str) -> tuple[Path, dict[str, Any]]:
-    """The path and parsed TOML of a scenario file or shipped name (not yet validated)."""
+    """The path and parsed contents of a scenario file or shipped name (not yet validated): TOML, or the JSON
+    of a run directory's scenario.json (a ``.json`` file), which runs again as that run did."""
     path = resolve_path(spec)
     try:
-        return path, tomllib.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+        if path.suffix.lower() != ".json":
+            return path, tomllib.loads(text)
+        data = json.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ScenarioError(f"{path}: not valid TOML: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ScenarioError(f"{path}: not valid JSON: {exc}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ScenarioError(f"{path}: cannot read: {exc}") from None
+    if not isinstance(data, dict):
+        raise ScenarioError(f"{path}: a scenario must be a JSON object, not {type(data).__name__}")
+    return path, data
 
 
 def load(spec: str, overrides: list[str] | None = None) -> Scenario:

@@ -225,6 +225,20 @@ def assert_clean_error(p: subprocess.CompletedProcess, *needles: str) -> None:
         assert needle in p.stderr, (needle, p.stderr)
 
 
+def test_a_run_directory_scenario_json_runs_again_from_the_command_line(quickstart_run, tmp_path, capsys):
+    """`ldpsim run RUN_DIR/scenario.json` repeats the run: the same digests. A .json that is not a scenario
+    object, or not JSON, is one line and exit 2."""
+    _, out = quickstart_run
+    assert main(["run", str(out / "scenario.json"), "--out", str(tmp_path / "again"), "--quiet"]) == 0
+    assert summary_of(tmp_path / "again")["digests"] == summary_of(out)["digests"]
+    capsys.readouterr()
+    for text, needle in (("[1, 2]", "must be a JSON object, not list"), ("{", "not valid JSON")):
+        (tmp_path / "bad.json").write_text(text, encoding="utf-8")
+        assert main(["run", str(tmp_path / "bad.json"), "--out", str(tmp_path / "no"), "--quiet"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and needle in err[0], err
+
+
 def test_bad_scenario_file(tmp_path):
     text = (schema.SHIPPED / "quickstart.toml").read_text(encoding="utf-8")
     assert "share = 0.7" in text
