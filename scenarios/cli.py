@@ -335,7 +335,11 @@ def cmd_devices(args: argparse.Namespace) -> int:
     if args.resume and not args.out:
         raise ScenarioError("--resume: the saved device state is in --out DIR; give it")
     from agents.client import GIVE_UP_AFTER
+    from scenarios import journal
     from scenarios.live import shard
+
+    if args.out:
+        journal.refuse_finished_state(args.out, int(index), int(count))
 
     print(f"ldpsim: shard {index}/{count}: {shard(scenario.devices, int(index) - 1, int(count)).size:,} devices "
           f"connecting to {args.connect} over {args.connections} connection(s) (giving up after "

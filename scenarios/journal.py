@@ -392,6 +392,23 @@ class DeviceStore:
         return True
 
 
+def _finished(path: Path, index: int, count: int) -> str:
+    return (f"{path}: the saved state of shard {index}/{count} is of a finished run (every round answered); "
+            "give another --out, or remove that file to start a new run")
+
+
+def refuse_finished_state(out: Path | str, index: int, count: int) -> None:
+    """JournalError when shard ``index`` (1-based) of ``count`` has a saved state in ``out`` of a finished run
+    (checked before a devices process says anything; :func:`open_device_store` checks it again)."""
+    path = device_state_path(out, index, count)
+    try:
+        done = snapshot.decode(path.read_bytes(), DEVICE_KIND).get("done")
+    except (OSError, snapshot.SnapshotError):  # none, or damaged: open_device_store says which
+        return
+    if done is True:
+        raise JournalError(_finished(path, index, count))
+
+
 def open_device_store(out: Path | str, sc: Scenario, index: int, count: int, clients: list[Any], ledger: Any,
                       days: Any, require: bool = False) -> DeviceStore:
     """The store of shard ``index`` (1-based) of ``count`` in ``out``, its saved state loaded when there is one
@@ -400,6 +417,8 @@ def open_device_store(out: Path | str, sc: Scenario, index: int, count: int, cli
     store = DeviceStore(device_state_path(out, index, count), sc, index, count, clients, ledger, days)
     if not store.load() and require:
         raise JournalError(f"--resume: no saved device state at {store.path}")
+    if store.done:  # answering again would start over from nothing: devices that spend twice
+        raise JournalError(_finished(store.path, index, count))
     for c in clients:
         c.store = store
     return store

@@ -216,8 +216,7 @@ async def devices(sc: Scenario, host: str, port: int, index: int, count: int, co
         from scenarios import journal
 
         store = journal.open_device_store(state_dir, sc, index + 1, count, clients, ledger, days, require_state)
-    if store is None or not store.done:
-        await asyncio.gather(*(c.run() for c in clients))
+    await asyncio.gather(*(c.run() for c in clients))
     if store is not None:
         store.save(done=True)
     return ledger

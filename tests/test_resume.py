@@ -379,7 +379,7 @@ def _killed_serve(tmp_path: Path, name: str, pause: float):
                 p.kill()
 
 
-def test_device_process_killed_mid_run_never_spends_twice(tmp_path: Path) -> None:
+def test_device_process_killed_mid_run_never_spends_twice(tmp_path: Path, capsys) -> None:
     """Shard 1 of 2 (`ldpsim devices --out`) is SIGKILLed mid-run and started again: it reloads its saved state
     (caps, memo reveals, last round, ledger) and finishes. Its ledger has no device above the guarantee and no
     (device, round, reason) charged twice, and equals the uninterrupted run's; so do the collector's digests."""
@@ -428,7 +428,14 @@ def test_device_process_killed_mid_run_never_spends_twice(tmp_path: Path) -> Non
             == tables.ledger_rows_digest_of_table(sim_rows))
     assert summary["digests"]["transcript"] == sim["digests"]["transcript"]
     assert summary["digests"]["estimates"] == sim["digests"]["estimates"]
-    assert not state.exists() or snapshot.decode(state.read_bytes(), journal.DEVICE_KIND)["done"]
+    assert snapshot.decode(state.read_bytes(), journal.DEVICE_KIND)["done"]
+    # the same command once more: its saved state is of a finished run, so it refuses (answering again from
+    # nothing would charge the devices twice) instead of reporting "done" without connecting
+    from scenarios import cli
+
+    assert cli.main([*map(str, args), "--shard", "1/2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is of a finished run" in err[0], err
 
 
 def test_resume_refuses_another_scenario_and_a_corrupt_journal(tmp_path: Path) -> None:
