@@ -134,6 +134,8 @@ class LiveCollector:
         self.registered = np.zeros(self.n_devices, dtype=bool)  # ever registered
         self.holder = np.zeros(self.n_devices, dtype=np.int64)  # serial of the live connection holding it, or 0
         self._held = 0  # devices held by a live connection now
+        self.devices_at_start: int | None = None  # devices held when the rounds started (after the startup wait)
+        self.on_start: Callable[[int, int], None] | None = None  # (devices held, population) as the rounds start
         self._missing = 0  # registered devices not held now (a count: checked on every ack)
         self._waiting: set[Connection] = set()  # device-holding connections yet to acknowledge the stage
         self._serial = 0
@@ -166,7 +168,7 @@ class LiveCollector:
         """The live runtime's counters for summary.json (``live``)."""
         return {"dropped": dict(sorted(self.drops.items())), "connections": self.connections_accepted,
                 "max_connections": self.max_connections, "authenticated": self.settings.secret is not None,
-                "tls": self.settings.tls is not None}
+                "tls": self.settings.tls is not None, "devices_at_start": self.devices_at_start}
 
     # ------------------------------------------------------------------------------------------ transport
     async def start(self, host: str, port: int) -> int:
@@ -433,6 +435,12 @@ class LiveCollector:
             await asyncio.wait_for(self._registered.wait(), self.settings.startup_timeout)
         except asyncio.TimeoutError:
             self.log.warning("startup_incomplete", registered=self._held, devices=self.n_devices)
+        self.devices_at_start = self._held
+        if not self._held and self.n_devices:
+            raise ConnectionError(f"no device connected within {self.settings.startup_timeout:g} s "
+                                  "(--startup-timeout); nothing to collect")
+        if self.on_start is not None:
+            self.on_start(self._held, self.n_devices)
         last = last_round or self.rounds
         extra = self.hostility.extra_rounds(self.rounds) if self.hostility is not None and last == self.rounds else []
         for t in [*range(first_round, last + 1), *extra]:

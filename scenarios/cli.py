@@ -219,7 +219,7 @@ def _settings(args: argparse.Namespace):
     return LiveSettings(stage_timeout=args.stage_timeout, read_timeout=args.read_timeout,
                         hello_timeout=args.hello_timeout, write_timeout=args.write_timeout,
                         max_connections=args.max_connections, secret=_secret(args), tls=tls,
-                        round_pause=getattr(args, "round_pause", 0.0))
+                        round_pause=getattr(args, "round_pause", 0.0), startup_timeout=args.startup_timeout)
 
 
 def _print_drops(result) -> None:
@@ -273,7 +273,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     scenario = load(args.scenario, args.set)
     settings = _settings(args)
     out = _resume_dir(args) if args.resume else _live_out(args, scenario.name, "serve")
-    bar: list = [None, lambda: None]  # (update, close): the progress bar, started below the "serving" line
+    bar: list = [None, lambda: None]  # (update, close): the progress bar, started with the rounds
 
     def listening(port: int) -> None:
         sets = "".join(f" --set {shlex.quote(kv)}" for kv in args.set)  # the devices must run the same scenario
@@ -281,18 +281,27 @@ def cmd_serve(args: argparse.Namespace) -> int:
               f"{settings.startup_timeout:g} s for {scenario.devices:,} devices (ldpsim devices "
               f"{shlex.quote(args.scenario)}{sets} --connect HOST:{port} --shard I/N)", file=sys.stderr, flush=True)
         _network_note(scenario)
-        bar[:] = _progress_bar(scenario.rounds, not args.quiet, "live rounds")
 
     def progress(done: int, of: int) -> None:
         if bar[0] is not None:
             bar[0](done, of)
 
+    def started(held: int, devices: int) -> None:
+        if held < devices:
+            print(f"ldpsim: warning: {held:,} of {devices:,} devices connected within {settings.startup_timeout:g} s;"
+                  f" the rounds run without the other {devices - held:,} (their reports are missing from every "
+                  "estimate; summary.json live.devices_at_start; --startup-timeout waits longer)",
+                  file=sys.stderr, flush=True)
+        bar[:] = _progress_bar(scenario.rounds, not args.quiet, "live rounds")  # below the lines above
+
     try:
         with open(out / "events.jsonl", "a" if args.resume else "w", encoding="utf-8") as events:
             result = asyncio.run(live.serve(scenario, args.host, args.port, events, settings, out, bool(args.resume),
-                                            listening=listening, progress=progress))
-    except ScenarioError:  # e.g. the port in use: a new run directory that holds nothing yet is not left behind
-        if not args.resume and [f.name for f in out.iterdir()] == ["events.jsonl"]:
+                                            listening=listening, progress=progress, started=started))
+    except ScenarioError:  # the port in use, no device came: a new run directory that holds no round is not
+        # left behind (its journal, if any, is of round 0)
+        if not args.resume and _no_round_run(out, scenario):
+            journal.finish(out)
             discard_partial_run(out, not args.out)
         raise
     finally:
@@ -300,8 +309,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
     _print_drops(result)
     summary = output.write_run_dir(result, out, ledger_rows=False)
     journal.finish(out)  # the run directory is complete: the journal is no longer needed
-    print(f"served {len(result.rounds)} rounds: mean |error| {_num(summary['error']['mean_abs'])} -> {out}")
+    held = (summary.get("live") or {}).get("devices_at_start")
+    short = f" with {held:,} of {scenario.devices:,} devices" if held is not None and held < scenario.devices else ""
+    print(f"served {len(result.rounds)} rounds{short}: mean |error| {_num(summary['error']['mean_abs'])} -> {out}")
     return 0
+
+
+def _no_round_run(out: Path, scenario) -> bool:
+    """Whether ``serve``'s run directory holds only an event log and a journal of no round closed or open."""
+    from scenarios import journal
+
+    if not {f.name for f in out.iterdir()} <= {"events.jsonl", journal.JOURNAL, journal.RECORDS}:
+        return False
+    try:
+        state = journal.check(out, scenario)
+    except journal.JournalError:  # no journal (the bind failed) or one this run cannot read: only the log is new
+        return not (out / journal.JOURNAL).exists()
+    return state["last_round"] == 0 and state["open"] is None
 
 
 def _resume_dir(args: argparse.Namespace) -> Path:
@@ -487,6 +511,9 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument("--write-timeout", type=_seconds, metavar="SECONDS", default=5.0,
                        help="real seconds a connection's socket may take to accept a broadcast before it is dropped "
                             "(default 5)")
+        p.add_argument("--startup-timeout", type=_seconds, metavar="SECONDS", default=30.0,
+                       help="real seconds to wait for every device to connect before the first round; then the "
+                            "rounds run with those connected, with a warning (default 30; none connected: exit 2)")
         p.add_argument("--hello-timeout", type=_seconds, metavar="SECONDS", default=10.0,
                        help="real seconds from connecting (TLS handshake included) to the Hello (default 10)")
         p.add_argument("--quiet", action="store_true", help="no progress bar")

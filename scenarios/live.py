@@ -166,23 +166,30 @@ def live_result(sc: Scenario, server: LiveCollector, book: RoundBook, ledger: Le
 async def serve(sc: Scenario, host: str, port: int, events: TextIO | None = None,
                 settings: LiveSettings | None = None, run_dir: Any = None, resume: bool = False,
                 listening: Callable[[int], None] | None = None,
-                progress: Callable[[int, int], None] | None = None) -> RunResult:
+                progress: Callable[[int, int], None] | None = None,
+                started: Callable[[int, int], None] | None = None) -> RunResult:
     """The collector alone (devices connect from elsewhere); returns when the run is over. ``run_dir``: keep a
     journal there after every round (scenarios/journal.py); ``resume``: first restore the journal there;
     ``listening(port)``: called once the server is bound (a program's "serving ..." line; ``port`` the one
-    bound, which ``port`` 0 leaves to the system); ``progress(done, rounds)`` after every round."""
+    bound, which ``port`` 0 leaves to the system); ``started(held, devices)`` as the rounds start, with every
+    device connected or the startup wait over (ScenarioError when none connected); ``progress(done, rounds)``
+    after every round."""
     from scenarios import journal
 
     t0 = time.perf_counter()
     ledger = Ledger(sc.devices)  # stays empty: devices keep their ledgers (module docstring)
     server, book, _ = build_server(sc, ledger, events, settings or LiveSettings(), progress)
+    server.on_start = started
     bound = await listen(server, host, port)
     if listening is not None:
         listening(bound)
     try:  # journal attached after the bind (no journal left by a port in use); no await in between, so no
         # device is served before it is restored
         first = journal.attach(run_dir, sc, server, book, resume) if run_dir is not None else 1
-        await server.run(first_round=first)
+        try:
+            await server.run(first_round=first)
+        except ConnectionError as exc:  # no device came
+            raise ScenarioError(f"serving on {host}:{bound}: {exc}") from None
         await server.wait_for_clients_to_leave()
     finally:
         await server.close()

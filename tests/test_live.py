@@ -168,6 +168,43 @@ async def test_one_device_per_connection() -> None:
     assert got["digests"] == sim["digests"]
 
 
+def test_serve_with_devices_missing_warns_and_records_it_and_with_none_exits_2(tmp_path) -> None:
+    """Only shard 1 of 2 comes: after --startup-timeout the rounds run with its devices, a warning line says
+    how many are missing, summary.json live.devices_at_start records them and the last line repeats it. With
+    no device at all, serve exits 2 with one line and leaves no run files behind."""
+    import json
+    import subprocess
+    import sys
+
+    sets = ["--set", "population.devices=200", "--set", "rounds=3", "--set", "network.loss=0"]
+    cmd = [sys.executable, "-m", "scenarios.cli"]
+    server = subprocess.Popen(cmd + ["serve", "quickstart", "--port", "0", "--startup-timeout", "3", "--quiet",
+                                     "--out", str(tmp_path / "srv")] + sets,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    serving = server.stderr.readline().decode()
+    port = int(serving.split("127.0.0.1:")[1].split(";")[0])
+    shard = subprocess.Popen(cmd + ["devices", "quickstart", "--connect", f"127.0.0.1:{port}", "--shard", "1/2"]
+                             + sets, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        for p in (shard, server):
+            assert p.wait(timeout=60) == 0, p.stderr.read().decode()[-2000:]
+    finally:
+        for p in (shard, server):
+            p.kill()
+    err = server.stderr.read().decode()
+    assert "ldpsim: warning: 100 of 200 devices connected within 3 s; the rounds run without the other 100" in err
+    assert "served 3 rounds with 100 of 200 devices" in server.stdout.read().decode()
+    got = json.loads((tmp_path / "srv" / "summary.json").read_text())
+    assert got["live"]["devices_at_start"] == 100 and got["reports"]["accepted"] == 300
+
+    none = subprocess.run(cmd + ["serve", "quickstart", "--port", "0", "--startup-timeout", "1", "--out",
+                                 str(tmp_path / "empty")] + sets, capture_output=True, text=True, timeout=60)
+    assert none.returncode == 2
+    assert none.stderr.strip().splitlines()[-1].endswith("no device connected within 1 s (--startup-timeout); "
+                                                         "nothing to collect")
+    assert list((tmp_path / "empty").iterdir()) == []  # no event log or journal of a run that never started
+
+
 def test_serve_and_device_shards_in_separate_processes(tmp_path) -> None:
     """`ldpsim serve` and two `ldpsim devices --shard I/2` processes over 127.0.0.1: the server's run directory
     has the simulated run's transcript and estimates digests, and the shards' ledgers add up to the
@@ -216,7 +253,8 @@ def test_serve_and_device_shards_in_separate_processes(tmp_path) -> None:
     # the collector-only run directory says where the ledger is, and shows no spend it does not have
     assert got["privacy"]["ledger"] == "device shards"
     assert got["epsilon"] is None and got["privacy"]["max_spend"] is None
-    assert got["digests"]["ledger"] is None  # not the digest of the empty ledger it never kept
+    assert got["digests"]["ledger"] is None and got["digests"]["ledger_rows"] is None  # it never kept one
+    assert got["live"]["devices_at_start"] == 600
     # what the devices sent is theirs to know: the collector's counts say so instead of showing a number
     assert got["reports"]["sent"] is got["reports"]["lost"] is got["reports"]["delivered"] is None
     assert got["reports"]["accepted"] == sim["reports"]["accepted"] and "unknown" in got["reports"]
