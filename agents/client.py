@@ -24,7 +24,13 @@ from protocols import auth, wire
 from protocols.framing import FrameDecoder, frame
 from protocols.guard import Limits
 from protocols.ledger import Ledger
-from protocols.messages import Challenge, CollectionRequest, Decision, End, Hello, Message, ReportBatch, Threshold
+from protocols.messages import (Challenge, CollectionRequest, Decision, End, Hello, Message, Refusal, ReportBatch,
+                                Threshold)
+
+
+class CollectorRefused(Exception):
+    """The collector refused this client's devices for a reason that trying again cannot cure (its Refusal
+    message: another protocol or scenario, no valid credential, ids outside its population)."""
 
 
 class DeviceDays:
@@ -54,7 +60,8 @@ class DeviceClient:
                  backoff: tuple[float, float] = (0.05, 2.0), max_frame: int = wire.MAX_MESSAGE_BYTES,
                  give_up_after: float = GIVE_UP_AFTER, days: "DeviceDays | None" = None,
                  limits: Limits | None = None, secret: bytes | None = None, tls: ssl.SSLContext | None = None,
-                 server_hostname: str | None = None, challenge_timeout: float = 30.0) -> None:
+                 server_hostname: str | None = None, challenge_timeout: float = 30.0,
+                 scenario: bytes | None = None) -> None:
         self.params, self.world, self.ledger = params, world, ledger
         self.deadline, self.latency = float(deadline), float(latency)
         self.host, self.port, self.backoff, self.max_frame = host, int(port), backoff, max_frame
@@ -64,6 +71,7 @@ class DeviceClient:
         # the devices' credentials, concatenated (derived once: the secret itself is not kept)
         self._keys = auth.device_keys(secret, ids) if secret is not None else None
         self.tls, self.server_hostname, self.challenge_timeout = tls, server_hostname, challenge_timeout
+        self.scenario = scenario  # the fingerprint its Hellos carry (None: none, as older clients)
         self.limits = limits or Limits()
         self.cohorts = [params.make_devices(seed, ids[i:i + cohort_size], self.limits)
                         for i in range(0, ids.size, cohort_size)]
@@ -158,7 +166,8 @@ class DeviceClient:
         round_ = self.day // self.epoch_length + 1
         devices = self.ids.astype(np.uint32)
         mac = None if nonce is None else auth.hello_mac(self._keys, nonce, round_, self.params.name, devices)
-        writer.write(frame(wire.encode(Hello(round=round_, protocol=self.params.name, devices=devices, mac=mac))))
+        writer.write(frame(wire.encode(Hello(round=round_, protocol=self.params.name, devices=devices, mac=mac,
+                                             scenario=self.scenario))))
         await writer.drain()
         for msg in early:
             if await self._on_message(msg, writer):
@@ -199,6 +208,8 @@ class DeviceClient:
         if isinstance(msg, End):
             self.done = True
             return True
+        if isinstance(msg, Refusal):
+            raise CollectorRefused(f"the collector at {self.host}:{self.port} refused the devices: {msg.reason}")
         if isinstance(msg, (CollectionRequest, Decision, Threshold)):
             for chunk in self.answer(msg):
                 writer.write(chunk)

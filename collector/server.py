@@ -48,7 +48,7 @@ from collector.process import LOGGED_REJECTIONS_PER_ROUND, CollectorStats
 from protocols import auth, wire
 from protocols.base import CollectorSide, ProtocolError, RoundResult
 from protocols.framing import FrameDecoder, FrameTooLarge, frame
-from protocols.messages import Challenge, End, Hello, Message, ReportBatch
+from protocols.messages import Challenge, End, Hello, Message, Refusal, ReportBatch
 
 EXTRA_CONNECTIONS = 64  # default connection limit: one per device and this many more
 FD_MARGIN = 64  # file descriptors kept free below RLIMIT_NOFILE (listening socket, logs, run files)
@@ -75,11 +75,12 @@ class _PausedProtocol(asyncio.StreamReaderProtocol):
 
 
 class Refused(Exception):
-    """A connection the server drops: ``cause`` is the counter, ``detail`` the log line."""
+    """A connection the server drops: ``cause`` is the counter, ``detail`` the log line; ``tell``: a refusal
+    that trying again cannot cure, whose reason the client is sent (a Refusal frame) before the close."""
 
-    def __init__(self, cause: str, detail: str = "") -> None:
+    def __init__(self, cause: str, detail: str = "", tell: bool = False) -> None:
         super().__init__(detail or cause)
-        self.cause, self.detail = cause, detail or cause
+        self.cause, self.detail, self.tell = cause, detail or cause, tell
 
 
 @dataclass(eq=False)  # identity-hashed: connections live in a set
@@ -135,6 +136,7 @@ class LiveCollector:
         self.holder = np.zeros(self.n_devices, dtype=np.int64)  # serial of the live connection holding it, or 0
         self._held = 0  # devices held by a live connection now
         self.devices_at_start: int | None = None  # devices held when the rounds started (after the startup wait)
+        self.scenario: bytes | None = None  # fingerprint of the scenario it runs: Hellos naming another are refused
         self.on_start: Callable[[int, int], None] | None = None  # (devices held, population) as the rounds start
         self._missing = 0  # registered devices not held now (a count: checked on every ack)
         self._waiting: set[Connection] = set()  # device-holding connections yet to acknowledge the stage
@@ -272,6 +274,13 @@ class LiveCollector:
             cause, detail = "malformed", str(exc)
         except Refused as exc:
             cause, detail = exc.cause, exc.detail
+            if exc.tell and not conn.closed:  # said before the close (the drop below aborts the socket)
+                writer.write(frame(wire.encode(Refusal(max(1, self.current_round), self.protocol.name,
+                                                       detail[:wire.MAX_REASON]))))
+                self.frames_sent += 1
+                self._count_drop(cause, detail)
+                self._release(conn)
+                writer.close()
         except (OSError, asyncio.IncompleteReadError):
             pass  # the connection is gone (reset, or a TLS error on a closed socket)
         except asyncio.CancelledError:
@@ -355,21 +364,27 @@ class LiveCollector:
         """Register the Hello's devices on ``conn``, or raise :class:`Refused` (cheap checks first)."""
         if conn.hello:
             raise Refused("second_hello", "a connection registers once")
+        if msg.protocol != self.protocol.name:
+            raise Refused("protocol", f"the devices run protocol {msg.protocol!r}, this collector "
+                                      f"{self.protocol.name!r}", tell=True)
+        if self.scenario is not None and msg.scenario is not None and msg.scenario != self.scenario:
+            raise Refused("scenario", "the devices run another scenario than this collector (its file or --set "
+                                      "options differ)", tell=True)
         ids = msg.devices  # unsigned and strictly increasing (wire.decode): no duplicates, the last is the largest
         if ids.size == 0:
             raise Refused("empty_hello", "a hello names at least one device")
         if int(ids[-1]) >= self.n_devices:  # compared as Python ints: no int64 wraparound for ids >= 2^63
             raise Refused("ids_out_of_range", f"hello names device {int(ids[-1])} outside the population of "
-                                              f"{self.n_devices}")
+                                              f"{self.n_devices}", tell=True)
         ids = ids.astype(np.int64)
-        held = int(np.count_nonzero(self.holder[ids]))
-        if held:
-            raise Refused("ids_held", f"{held} of the hello's {ids.size} devices are held by another connection")
-        secret = self.settings.secret
+        secret = self.settings.secret  # before the held ids: a peer without credentials learns nothing of them
         if secret is not None and not auth.verify_hello(secret, conn.nonce or b"", msg.round, msg.protocol, ids,
                                                         msg.mac):
             raise Refused("auth", "hello without a valid mac for its devices" if msg.mac is not None
-                          else "hello without a mac (the collector requires device authentication)")
+                          else "hello without a mac (the collector requires device authentication)", tell=True)
+        held = int(np.count_nonzero(self.holder[ids]))
+        if held:  # not told: the holder may be a connection of the same devices that is about to be dropped
+            raise Refused("ids_held", f"{held} of the hello's {ids.size} devices are held by another connection")
         conn.hello = True
         conn.devices = ids
         conn.acked = False

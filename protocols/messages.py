@@ -73,6 +73,8 @@ class Hello:
     protocol: str
     devices: np.ndarray
     mac: bytes | None = None
+    #: 32-byte fingerprint of the scenario the devices run (optional): a collector running another refuses them
+    scenario: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -96,9 +98,21 @@ class End:
     protocol: str
 
 
-Message = CollectionRequest | ReportBatch | Decision | Threshold | Hello | End | Challenge
+@dataclass(frozen=True)
+class Refusal:
+    """Collector -> device client (live runtime): the collector will not serve this connection's devices, for
+    ``reason`` (another protocol or scenario, no valid credential, ids outside the population), and closes it.
+    Sent only for refusals that trying again cannot cure; a client stops instead of reconnecting."""
+
+    TYPE = "refused"
+    round: int
+    protocol: str
+    reason: str
+
+
+Message = CollectionRequest | ReportBatch | Decision | Threshold | Hello | End | Challenge | Refusal
 #: What a collector side broadcasts to device sides. A device side is handed whichever of them arrives (a hostile
 #: collector may send any) and answers only what its protocol asks for at that moment.
 CollectorMessage = CollectionRequest | Decision | Threshold
 MESSAGE_TYPES: dict[str, type] = {cls.TYPE: cls for cls in (CollectionRequest, ReportBatch, Decision, Threshold,
-                                                             Hello, End, Challenge)}
+                                                             Hello, End, Challenge, Refusal)}

@@ -16,9 +16,11 @@ Python objects. Any other exception while decoding is a bug; none is known (the 
 tests/test_wire.py and benchmarks/bench_live_soak.py feed structure-aware and random inputs).
 
 Live runtime only: ``Challenge`` (collector -> client: a 32-byte nonce as a u1 array) and the optional ``mac``
-field of ``Hello`` (32 bytes, a u1 array) carry device authentication (protocols.auth). Both are additions to
-version 1: a Hello without ``mac`` is what clients without a secret send, and a client that does not know
-``challenge`` drops it as an undecodable frame.
+field of ``Hello`` (32 bytes, a u1 array) carry device authentication (protocols.auth); the optional
+``scenario`` field of ``Hello`` (32 bytes) fingerprints the scenario the devices run, and ``refused``
+(collector -> client: a reason, at most ``MAX_REASON`` characters) says why a collector will not serve them.
+All are additions to version 1: a Hello without ``mac`` or ``scenario`` is what older clients send, and a
+client that does not know ``challenge`` or ``refused`` drops it as an undecodable frame.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import msgpack
 import numpy as np
 
 from protocols.messages import (MESSAGE_TYPES, Challenge, CollectionRequest, Decision, End, Hello, Message,
-                                ReportBatch, Threshold)
+                                Refusal, ReportBatch, Threshold)
 
 VERSION = 1
 ARRAY_EXT = 1
@@ -44,6 +46,8 @@ MAX_ROUND = 2**31 - 1
 MAX_DEPTH = 3  # containers nested at most this deep (the schema needs 2)
 MAX_OBJECTS = 4096  # msgpack objects in one message at most (a report batch has about 20)
 MAC_BYTES = NONCE_BYTES = 32
+SCENARIO_BYTES = 32  # a Hello's scenario fingerprint (sha256)
+MAX_REASON = 200  # characters of a refusal's reason
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_\-]{0,63}\Z")  # \Z: "$" would also match before a trailing newline
 _HEADER = struct.Struct("<BI")
 _MHEADER = struct.Struct("<BII")
@@ -120,6 +124,12 @@ def encode(msg: Message) -> bytes:
         body = {"round": msg.round, "protocol": msg.protocol, "devices": msg.devices}
         if msg.mac is not None:
             body["mac"] = _fixed_bytes(msg.mac, MAC_BYTES, "mac")
+        if msg.scenario is not None:
+            body["scenario"] = _fixed_bytes(msg.scenario, SCENARIO_BYTES, "scenario")
+    elif isinstance(msg, Refusal):
+        if not isinstance(msg.reason, str) or len(msg.reason) > MAX_REASON:
+            raise ValueError(f"reason must be a string of at most {MAX_REASON} characters")
+        body = {"round": msg.round, "protocol": msg.protocol, "reason": msg.reason}
     elif isinstance(msg, Challenge):
         body = {"round": msg.round, "protocol": msg.protocol, "nonce": _fixed_bytes(msg.nonce, NONCE_BYTES, "nonce")}
     elif isinstance(msg, End):
@@ -277,8 +287,8 @@ _FIELDS = {"collect": ("round", "protocol", "deadline"), "reports": ("round", "p
            "decision": ("round", "protocol", "update", "deadline"),
            "threshold": ("round", "protocol", "theta", "version", "deadline"),
            "hello": ("round", "protocol", "devices"), "end": ("round", "protocol"),
-           "challenge": ("round", "protocol", "nonce")}
-_OPTIONAL = {"hello": ("mac",)}
+           "challenge": ("round", "protocol", "nonce"), "refused": ("round", "protocol", "reason")}
+_OPTIONAL = {"hello": ("mac", "scenario")}
 
 
 def _bytes_field(body: dict, key: str, n: int) -> bytes:
@@ -346,7 +356,13 @@ def _decode(data: bytes, max_bytes: int) -> Message:
         if devices.size > 1 and not np.all(devices[1:] > devices[:-1]):
             raise WireError("field 'devices' must be strictly increasing")
         mac = _bytes_field(body, "mac", MAC_BYTES) if "mac" in body else None
-        return Hello(round=round_, protocol=protocol, devices=devices, mac=mac)
+        scenario = _bytes_field(body, "scenario", SCENARIO_BYTES) if "scenario" in body else None
+        return Hello(round=round_, protocol=protocol, devices=devices, mac=mac, scenario=scenario)
+    if kind == "refused":
+        reason = body["reason"]
+        if not isinstance(reason, str) or len(reason) > MAX_REASON:
+            raise WireError(f"field 'reason' must be a string of at most {MAX_REASON} characters")
+        return Refusal(round=round_, protocol=protocol, reason=reason)
     if kind == "challenge":
         return Challenge(round=round_, protocol=protocol, nonce=_bytes_field(body, "nonce", NONCE_BYTES))
     if kind == "threshold":

@@ -358,7 +358,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
         raise ScenarioError(f"--shard {args.shard!r}: expected I/N with 1 <= I <= N")
     if args.resume and not args.out:
         raise ScenarioError("--resume: the saved device state is in --out DIR; give it")
-    from agents.client import GIVE_UP_AFTER
+    from agents.client import GIVE_UP_AFTER, CollectorRefused
     from scenarios import journal
     from scenarios.live import shard
 
@@ -371,8 +371,8 @@ def cmd_devices(args: argparse.Namespace) -> int:
     try:
         ledger = asyncio.run(live.devices(scenario, host, int(port), int(index) - 1, int(count), args.connections,
                                           _secret(args), _client_tls(args), args.out, args.resume))
-    except ConnectionError as exc:  # no collector there for the clients' whole patience
-        raise ScenarioError(str(exc)) from None
+    except (ConnectionError, CollectorRefused) as exc:  # no collector there for the clients' whole patience,
+        raise ScenarioError(str(exc)) from None  # or one that will not serve these devices
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)

@@ -16,6 +16,8 @@ side gets the same secret and derives its devices' credentials) authenticates ev
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import ssl
 import time
 from dataclasses import dataclass
@@ -84,7 +86,21 @@ def build_server(sc: Scenario, ledger: Ledger, events: TextIO | None, settings: 
 
     server = LiveCollector(protocol, sc.devices, sc.rounds // length, nominal_start, sc.network.deadline, settings,
                            log, on_round_start, on_round_closed, Hostility(sc.behavior, sc.protocol.max_value))
+    server.scenario = scenario_fingerprint(sc)
     return server, book, clock
+
+
+#: parts of a scenario devices and collector need not share: its name and description, how the run is computed
+#: ([simulation]), what is computed after it ([analysis]) and the collector's own behavior ([collector])
+NOT_FINGERPRINTED = ("name", "description", "simulation", "analysis", "collector")
+
+
+def scenario_fingerprint(sc: Scenario) -> bytes:
+    """sha256 of the scenario as run (scenario.json) without :data:`NOT_FINGERPRINTED`: what a device client's
+    Hello carries and a collector compares with its own, refusing devices of another scenario (another seed,
+    population, protocol parameter, budget ...), which would otherwise bias every estimate without a word."""
+    agreed = {k: v for k, v in sc.as_run.items() if k not in NOT_FINGERPRINTED}
+    return hashlib.sha256(json.dumps(agreed, sort_keys=True, separators=(",", ":")).encode()).digest()
 
 
 def build_client(sc: Scenario, device_ids: np.ndarray, ledger: Ledger, host: str, port: int,
@@ -92,11 +108,12 @@ def build_client(sc: Scenario, device_ids: np.ndarray, ledger: Ledger, host: str
                  ) -> DeviceClient:
     """A device client; clients of one process share ``days`` (and its world model of the whole population:
     one per client would cost memory that grows with connections x devices). ``secret``: the deployment
-    secret (the client derives its devices' credentials); ``tls``: a client TLS context (:func:`client_tls`)."""
+    secret (the client derives its devices' credentials); ``tls``: a client TLS context (:func:`client_tls`).
+    Its Hellos carry the scenario's fingerprint (:func:`scenario_fingerprint`)."""
     days = days or process_days(sc)
     return ResumableClient(sc.protocol, sc.seed, device_ids, sc.simulation.cohort_size, days.world, ledger,
                            sc.network.deadline, sc.network.latency, host, port, days=days, limits=sc.limits,
-                           secret=secret, tls=tls)
+                           secret=secret, tls=tls, scenario=scenario_fingerprint(sc))
 
 
 def server_tls(cert: str, key: str) -> ssl.SSLContext:

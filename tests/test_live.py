@@ -183,6 +183,12 @@ def test_serve_with_devices_missing_warns_and_records_it_and_with_none_exits_2(t
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     serving = server.stderr.readline().decode()
     port = int(serving.split("127.0.0.1:")[1].split(";")[0])
+    # devices of another scenario (--set differs) are refused with the reason and exit 2 at once
+    other = subprocess.run(cmd + ["devices", "quickstart", "--connect", f"127.0.0.1:{port}", "--shard", "2/2",
+                                  "--set", "protocol.epsilon=2"] + sets, capture_output=True, text=True, timeout=30)
+    assert other.returncode == 2 and other.stderr.strip().splitlines()[-1] == (
+        f"ldpsim: error: the collector at 127.0.0.1:{port} refused the devices: the devices run another scenario "
+        "than this collector (its file or --set options differ)"), other.stderr
     shard = subprocess.Popen(cmd + ["devices", "quickstart", "--connect", f"127.0.0.1:{port}", "--shard", "1/2"]
                              + sets, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
@@ -203,6 +209,18 @@ def test_serve_with_devices_missing_warns_and_records_it_and_with_none_exits_2(t
     assert none.stderr.strip().splitlines()[-1].endswith("no device connected within 1 s (--startup-timeout); "
                                                          "nothing to collect")
     assert list((tmp_path / "empty").iterdir()) == []  # no event log or journal of a run that never started
+
+
+def test_the_scenario_fingerprint_covers_what_devices_and_collector_must_share() -> None:
+    base = protocol_scenario("1bitrrpm")
+    same = [{"simulation.cohort_size": 7}, {"simulation.threads": 2}, {"analysis.attacks": "false"},
+            {"name": '"renamed"'}, {"collector.behavior": '"replay"'}]
+    other = [{"protocol.epsilon": 2.0}, {"seed": 8}, {"privacy.budget": 3}, {"population.devices": 1201},
+             {"network.deadline": 4.0}, {"rounds": 7}]
+    fp = live.scenario_fingerprint(base)
+    assert len(fp) == 32
+    assert all(live.scenario_fingerprint(protocol_scenario("1bitrrpm", **o)) == fp for o in same)
+    assert all(live.scenario_fingerprint(protocol_scenario("1bitrrpm", **o)) != fp for o in other)
 
 
 def test_serve_and_device_shards_in_separate_processes(tmp_path) -> None:

@@ -29,7 +29,7 @@ from collector.server import LiveSettings
 from protocols import auth, wire
 from protocols.framing import frame
 from protocols.ledger import Ledger
-from protocols.messages import Challenge, Hello, ReportBatch
+from protocols.messages import Challenge, Hello, Refusal, ReportBatch
 from scenarios import live, output, runner
 from tests.support import protocol_scenario
 
@@ -287,6 +287,60 @@ async def test_with_a_secret_forged_and_replayed_hellos_are_refused() -> None:
     assert h.server.drops == {"auth": 5}
     assert got["live"]["authenticated"] is True
     assert no_stage_timeouts(h)
+
+
+@pytest.mark.asyncio
+async def test_devices_of_another_protocol_or_scenario_are_refused_with_the_reason() -> None:
+    """Before the honest shards connect: a Hello of another protocol, one of another scenario (its fingerprint
+    differs) and one naming ids outside the population each get a Refusal frame saying why, then the close,
+    and are counted by cause; a device client of another scenario (epsilon 2) stops at once with that reason
+    instead of reconnecting. A Hello without a fingerprint (an older client) is served. The honest run's
+    digests equal the simulated run's."""
+    from agents.client import CollectorRefused
+
+    sc = scenario()
+    h = Harness(sc, FAST)
+    await h.listen()
+    h.start_run()
+    n = sc.devices
+    for msg, needle in ((Hello(1, "kflip", np.arange(5, dtype=np.uint32)), "protocol 'kflip'"),
+                        (Hello(1, PROTOCOL, np.arange(5, dtype=np.uint32), scenario=bytes(32)), "another scenario"),
+                        (Hello(1, PROTOCOL, np.array([n], np.uint32)), f"outside the population of {n}")):
+        reader, writer = await connect(h.port)
+        writer.write(frame(wire.encode(msg)))
+        refusal = await read_frame(reader)
+        assert isinstance(refusal, Refusal) and needle in refusal.reason, refusal
+        assert await closed_by_server(reader)
+        writer.close()
+    eps2 = protocol_scenario(PROTOCOL, **{"population.devices": n, "rounds": 6, "simulation.cohort_size": 100,
+                                          "network.loss": 0, "network.jitter": 0, "protocol.epsilon": 2.0})
+    other = live.build_client(eps2, live.shard(n, 0, 2), Ledger(n), HOST, h.port)
+    with pytest.raises(CollectorRefused, match="another scenario"):
+        await asyncio.wait_for(other.run(), 10)
+    assert other.connections == 1  # it did not try again
+    h.start_clients()
+    got = await h.finish()
+    assert got["digests"] == simulated()
+    assert h.server.drops == {"protocol": 1, "scenario": 2, "ids_out_of_range": 1}
+    assert no_stage_timeouts(h)
+
+
+@pytest.mark.asyncio
+async def test_a_device_client_under_another_secret_stops_with_the_reason() -> None:
+    """A shard whose credentials come from another secret is refused with a reason and stops, instead of
+    reconnecting twenty times a second for ever; the honest shards' run is the simulated run."""
+    from agents.client import CollectorRefused
+
+    h = await started(settings=dataclasses.replace(FAST, secret=SECRET))
+    await h.registered()
+    n = h.sc.devices
+    stranger = live.build_client(h.sc, np.arange(n, dtype=np.int64)[:1], Ledger(n), HOST, h.port,
+                                 secret=b"not the deployment secret at all")
+    with pytest.raises(CollectorRefused, match="without a valid mac"):
+        await asyncio.wait_for(stranger.run(), 10)
+    assert stranger.connections == 1
+    got = await h.finish()
+    assert got["digests"] == simulated() and h.server.drops == {"auth": 1}
 
 
 @pytest.mark.asyncio

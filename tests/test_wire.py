@@ -572,6 +572,14 @@ def test_hello_and_challenge_round_trip():
         out = decode(encode(Hello(4, "1bitrrpm", ids, mac)))
         assert isinstance(out, Hello) and out.mac == mac and out.round == 4
         np.testing.assert_array_equal(out.devices, ids)
+    out = decode(encode(Hello(4, "1bitrrpm", ids, None, bytes(range(32, 64)))))
+    assert isinstance(out, Hello) and out.scenario == bytes(range(32, 64)) and out.mac is None
+    from protocols.messages import Refusal
+
+    assert decode(encode(Refusal(3, "1bitrrpm", "the devices run another scenario"))) == Refusal(
+        3, "1bitrrpm", "the devices run another scenario")
+    with pytest.raises(ValueError, match="at most 200 characters"):
+        encode(Refusal(1, "1bitrrpm", "x" * 201))
     ch = decode(encode(Challenge(1, "1bitrrpm", b"\xff" * 32)))
     assert isinstance(ch, Challenge) and ch.nonce == b"\xff" * 32
     with pytest.raises(ValueError, match="32 bytes"):
@@ -588,6 +596,12 @@ HELLO = {"v": 1, "type": "hello", "round": 1, "protocol": "1bitrrpm", "devices":
     ({**HELLO, "nonce": arr("u1", range(32))}, "unknown field 'nonce' in a 'hello' message"),
     ({**HELLO, "devices": arr("i8", [-1])}, "field 'devices' must be a one-dimensional u4 or u8 array"),
     ({**HELLO, "devices": arr("u4", [2, 2])}, "field 'devices' must be strictly increasing"),
+    ({**HELLO, "scenario": arr("u1", range(16))}, "field 'scenario' must be a u1 array of 32 bytes"),
+    ({"v": 1, "type": "refused", "round": 1, "protocol": "p", "reason": 5},
+     "field 'reason' must be a string of at most 200 characters"),
+    ({"v": 1, "type": "refused", "round": 1, "protocol": "p", "reason": "x" * 201},
+     "field 'reason' must be a string of at most 200 characters"),
+    ({"v": 1, "type": "refused", "round": 1, "protocol": "p"}, "missing field 'reason' in a 'refused'"),
     ({"v": 1, "type": "challenge", "round": 1, "protocol": "p"}, "missing field 'nonce' in a 'challenge'"),
     ({"v": 1, "type": "challenge", "round": 1, "protocol": "p", "nonce": arr("u1", range(33))},
      "field 'nonce' must be a u1 array of 32 bytes"),
