@@ -853,9 +853,9 @@ def parse_devices(text: str | None) -> int | str | None:
     return int(text)
 
 
-def main(run_dir: str, devices: str | None, ledgers: Iterable[str] | None, as_json: bool) -> int:
+def main(run_dir: str, devices: str | None, ledgers: Iterable[str] | None, as_json: bool, quiet: bool = False) -> int:
     """The ``ldpsim audit`` command: 0 clean, 1 failed (AuditInputError -> 2 in scenarios.cli)."""
-    record = audit(run_dir, parse_devices(devices), list(ledgers or []) or None, progress=not as_json)
+    record = audit(run_dir, parse_devices(devices), list(ledgers or []) or None, progress=not (as_json or quiet))
     if as_json:
         print(json.dumps(record, indent=2))
     else:

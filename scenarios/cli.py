@@ -43,6 +43,15 @@ def discard_partial_run(out: Path, remove_dir: bool) -> None:
         out.rmdir()
 
 
+def _within_pattern(privacy: dict) -> str:
+    """For memoized protocols, what kind of number the guarantee is, and the worst-case loss beside it."""
+    worst = privacy.get("worst_case_loss")
+    if not isinstance(worst, dict):
+        return ""
+    value = _num(worst.get("value")) if worst.get("bounded") else "unbounded"
+    return f" within a behavior pattern; worst-case loss {value}"
+
+
 def _num(x: float | None) -> str:
     """A figure for the one-line report; n/a where it is unknown (e.g. no round had an estimate)."""
     return "n/a" if x is None else f"{x:.4g}"
@@ -125,7 +134,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"mean |error| {_num(err['mean_abs'])}, max |error| {_num(err['max_abs'])} "
           f"({metrics.ERROR_OF.get(scenario.protocol.kind, 'per estimated number')}); per-device spend: "
           f"max {_num(eps['max'])}, mean {_num(eps['mean'])}, p99 {_num(eps['p99'])} "
-          f"(guarantee {_num(pv['guarantee'])}); messages rejected {summary['messages']['rejected']}; "
+          f"(guarantee {_num(pv['guarantee'])}{_within_pattern(pv)}); messages rejected "
+          f"{summary['messages']['rejected']}; "
           f"{summary['wall_seconds']:.2f} s", file=sys.stderr if args.json else sys.stdout)
     if args.json:  # stdout holds summary.json alone, for a pipe into a JSON reader
         print(json.dumps(summary, indent=2))
@@ -390,7 +400,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     """Check a finished run device by device against the reference models (scenarios/audit.py)."""
     from scenarios import audit
 
-    return audit.main(args.run_dir, args.devices, args.ledger, args.json)
+    return audit.main(args.run_dir, args.devices, args.ledger, args.json, args.quiet)
 
 
 def cmd_privacy_audit(args: argparse.Namespace) -> int:
@@ -604,6 +614,7 @@ def parser() -> argparse.ArgumentParser:
                     help="a ledger.parquet written by a device shard (ldpsim devices --out); repeatable; "
                          "replaces RUN_DIR's ledger")
     au.add_argument("--json", action="store_true", help="print audit.json (and no progress bar)")
+    au.add_argument("--quiet", action="store_true", help="no progress bar")
     au.set_defaults(func=cmd_audit)
 
     pr = sub.add_parser("protocols", help="list the registered protocols (built-in and installed plugins)")

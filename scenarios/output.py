@@ -175,8 +175,11 @@ def draw_spend(result: RunResult, path: Path, painter: PlotProcess | None = None
     values, counts = result.ledger.spend_counts()
     values, where = np.unique(np.round(values, 9), return_inverse=True)
     final = (values, np.bincount(where, weights=counts, minlength=values.size).astype(np.int64))
+    # epoch protocols (THRESH, HeavyTHRESH, EpochRR, EpochKRR) close a ledger round per epoch
+    length = int(getattr(sc.protocol, "epoch_length", 1))
+    xlabel = f"epoch (of {length} rounds)" if length > 1 else "round"
     args = (result.ledger.history, final, f"per-device spend: {sc.protocol.name}", label,
-            (g.value, f"guarantee {g.value:.3g}" + (" (within pattern)" if note else "")), note)
+            (g.value, f"guarantee {g.value:.3g}" + (" (within pattern)" if note else "")), note, xlabel)
     if painter is not None:
         painter.draw("spend_plot", path, *args)
     else:

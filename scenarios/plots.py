@@ -79,11 +79,11 @@ def estimates_plot(path: Path, rounds: np.ndarray, truth: np.ndarray, estimate: 
 
 def spend_plot(path: Path, history: list[dict[str, float]], final: tuple[np.ndarray, np.ndarray], title: str,
                label: str = "cumulative ε per device", guarantee: tuple[float, str] | None = None,
-               note: str = "") -> None:
+               note: str = "", xlabel: str = "round") -> None:
     """Spend over time and at the end. ``final``: the distinct final spend values (sorted) and how many devices
     hold each. ``label`` names the kind of number the ledger holds (e.g. within-pattern spend for memoized
     protocols); ``guarantee`` (value, label) is drawn as a line; ``note`` is printed under the plot (e.g. the
-    worst-case loss, a different kind of number, stated apart)."""
+    worst-case loss, a different kind of number, stated apart); ``xlabel`` what the history's rounds count."""
     lines = note.count("\n") + 1 if note else 0
     fig, (left, right) = subplots(1, 2, figsize=(11, 4.2 + 0.25 * lines), width_ratios=(1.6, 1))
     r = np.array([h["round"] for h in history])
@@ -95,7 +95,7 @@ def spend_plot(path: Path, history: list[dict[str, float]], final: tuple[np.ndar
         left.plot(r, get("mean"), color="black", ls="--", lw=1, label="mean")
     if guarantee is not None:
         left.axhline(guarantee[0], color="tab:red", ls=":", lw=1.2, label=guarantee[1])
-    left.set_xlabel("round")
+    left.set_xlabel(xlabel)
     left.set_ylabel(label)
     left.set_title(title)
     left.legend(loc="upper left", fontsize=8)

@@ -510,7 +510,8 @@ def audit(target: str, trials: int, rounds: int, seed: int | None = None, overri
         table, default_seed = protocol_table(t)
         for game in games(rounds):
             if progress is not None:
-                progress(f"{table['name']}: {game.name} ({game.collections} rounds, {trials:,} canaries per input)")
+                progress(f"{table['name']}: {game.name} ({game.collections} round{'s' * (game.collections != 1)}, "
+                         f"{trials:,} canaries per input)")
             if is_central(table["name"]):
                 rows.append(central_row(table["name"], game))
                 continue
@@ -577,7 +578,8 @@ def draw(rows: Sequence[Row], path: Path) -> None:
     trials = shown[0].trials if shown else 0
     ax.set_title(f"{title}: empirical epsilon, {trials:,} canaries per input (hatched: unbounded claim)",
                  fontsize=9)
-    ax.legend(fontsize=7, loc="upper left")
+    if ax.get_legend_handles_labels()[0]:  # no labelled artist (e.g. every claim unbounded): no empty legend
+        ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
     tmp = path.with_suffix(".tmp.png")
     fig.savefig(tmp, dpi=110)

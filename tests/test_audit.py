@@ -488,6 +488,9 @@ def test_cli_json_and_exit_codes(tmp_path, clean_runs, capsys) -> None:
     assert out["verdict"] == "clean" and out["devices"]["chosen"] == "all"
     assert cli.main(["audit", str(run), "--devices", "zero"]) == 2
     assert "--devices" in capsys.readouterr().err
+    assert cli.main(["audit", str(run), "--quiet"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("audit clean:") and err == ""  # the one line, no progress bar
 
 
 @pytest.mark.parametrize("damage,needle", [

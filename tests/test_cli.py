@@ -239,6 +239,19 @@ def test_a_run_directory_scenario_json_runs_again_from_the_command_line(quicksta
         assert len(err) == 1 and needle in err[0], err
 
 
+def test_the_run_line_says_what_kind_of_number_the_guarantee_is(tmp_path, capsys):
+    """Memoized protocols: the guarantee holds within a behavior pattern, and the worst-case loss (a different
+    number, larger here) stands beside it; THRESH's guarantee is plain."""
+    assert main(["run", "quickstart", *SMALL, "--out", str(tmp_path / "q"), "--quiet"]) == 0
+    line = capsys.readouterr().out
+    worst = summary_of(tmp_path / "q")["privacy"]["worst_case_loss"]["value"]
+    assert f"(guarantee 14 within a behavior pattern; worst-case loss {worst:.4g})" in line, line
+    assert main(["run", "thresh_stable", "--set", "population.devices=1500", "--out", str(tmp_path / "t"),
+                 "--quiet"]) == 0
+    line = capsys.readouterr().out
+    assert "(guarantee 3);" in line and "behavior pattern" not in line, line
+
+
 def test_bad_scenario_file(tmp_path):
     text = (schema.SHIPPED / "quickstart.toml").read_text(encoding="utf-8")
     assert "share = 0.7" in text
