@@ -321,12 +321,14 @@ def _write_estimates(result: RunResult, out: Path, seconds: dict[str, float] | N
              [(c.round - 1) // sc.protocol.epoch_length + 1 for c in sc.changes])
         return
     if sc.protocol.kind == "stream":
-        truth, est = (_stack([getattr(r, f) for r in recs], None) for f in ("truth", "estimate"))
-        table(["round", "truth", "estimate", "error", *names, "reports"],
-              [rounds, truth, est, est - truth, *extra, reports])
+        # theory_sd: ToPL's is an upper bound (theta = max_value), ToPS has none (empty, not 0)
+        truth, est, sd = (_stack([getattr(r, f) for r in recs], None) for f in ("truth", "estimate", "sd_theory"))
+        table(["round", "truth", "estimate", "error", *names, "reports", "theory_sd"],
+              [rounds, truth, est, est - truth, *extra, reports, sd])
         title = (f"{sc.name}: {sc.protocol.name} ({sc.protocol.method}), ε = {sc.protocol.epsilon:g}, "
                  f"n = {sc.devices:,}")
-        draw("estimates_plot", rounds, truth, est, np.zeros_like(truth), title, [c.round for c in sc.changes])
+        draw("estimates_plot", rounds, truth, est, sd, title, [c.round for c in sc.changes],
+             "sum of counters over devices", "truth (population sum)", "truth ± 1.96 sd (theory, upper bound)")
         return
     if sc.protocol.kind == "mean":
         truth, est, sd = (_stack([getattr(r, f) for r in recs], None) for f in ("truth", "estimate", "sd_theory"))

@@ -56,16 +56,21 @@ def _close(fig: Figure) -> None:
 
 
 def estimates_plot(path: Path, rounds: np.ndarray, truth: np.ndarray, estimate: np.ndarray, sd: np.ndarray,
-                   title: str, change_rounds: list[int]) -> None:
+                   title: str, change_rounds: list[int], ylabel: str = "mean counter",
+                   truth_label: str = "truth (population mean)", band_label: str = "truth ± 1.96 sd (theory)"
+                   ) -> None:
+    """Truth and estimate per round with the theory's ±1.96 sd band (none where ``sd`` is NaN), and the error
+    below; ``ylabel`` and ``truth_label`` say what is estimated (a mean, or a sum for ToPL and ToPS)."""
     fig, (top, bottom) = subplots(2, 1, figsize=(9, 6), sharex=True, height_ratios=(3, 1.3))
-    top.fill_between(rounds, truth - 1.96 * sd, truth + 1.96 * sd, color="tab:blue", alpha=0.15,
-                     label="truth ± 1.96 sd (theory)")
-    top.plot(rounds, truth, color="tab:blue", lw=2, label="truth (population mean)")
+    if np.isfinite(sd).any():
+        top.fill_between(rounds, truth - 1.96 * sd, truth + 1.96 * sd, color="tab:blue", alpha=0.15,
+                         label=band_label)
+    top.plot(rounds, truth, color="tab:blue", lw=2, label=truth_label)
     top.plot(rounds, estimate, "o-", color="tab:orange", ms=3.5, lw=1, label="estimate")
     for r in change_rounds:
         for ax in (top, bottom):
             ax.axvline(r, color="grey", ls=":", lw=1)
-    top.set_ylabel("mean counter")
+    top.set_ylabel(ylabel)
     top.set_title(title)
     top.legend(loc="best", fontsize=8)
     bottom.axhline(0, color="black", lw=0.8)

@@ -173,3 +173,21 @@ def test_reports_leave_the_device_on_the_grid() -> None:
         assert y.size > 100
         n = (y - low) / ((high - low) / 2**numeric.GRID_BITS)
         assert np.all(np.abs(n - np.rint(n)) < 1e-6), name
+
+
+def test_estimates_csv_gives_the_upper_bound_theory_sd_and_tops_none(tmp_path) -> None:
+    """ToPL's theory_sd column is its upper bound n m/2 sqrt(V/r) (V the worst-case HM variance): positive and
+    proportional to 1/sqrt(reports), so sd x sqrt(reports) is one number; ToPS has no closed form: nan, not 0."""
+    import csv
+
+    sc = schema.load("topl_pos", ["population.devices=3000", "rounds=4", "network.loss=0.2"])
+    output.write_run_dir(runner.run(sc), tmp_path / "topl")
+    rows = list(csv.DictReader(open(tmp_path / "topl" / "estimates.csv", encoding="utf-8")))
+    scaled = [float(r["theory_sd"]) * float(r["reports"]) ** 0.5 for r in rows]
+    assert len({int(r["reports"]) for r in rows}) > 1  # loss: the report counts differ round to round
+    assert min(scaled) > 0 and max(scaled) == pytest.approx(min(scaled), rel=1e-12)
+    assert scaled[0] == pytest.approx(3000 * sc.protocol.max_value / 2 * numeric.hm_worst_variance(1.0) ** 0.5)
+    sc = schema.load("tops_pos", ["population.devices=3000", "rounds=2"])
+    output.write_run_dir(runner.run(sc), tmp_path / "tops")
+    rows = list(csv.DictReader(open(tmp_path / "tops" / "estimates.csv", encoding="utf-8")))
+    assert [r["theory_sd"] for r in rows] == ["nan", "nan"]
