@@ -646,6 +646,12 @@ def _changes(report: AttackReport, model: ReportModel, rep: Reports, world: "Wor
         "gamma": model.gamma,
         "changed": int(changed.sum()), "unchanged": int(unchanged.sum()),
         "auc": _num(auc_value), "tpr": _num(tpr), "fpr": _num(fpr),
+        # the null is a device whose memo input never moves; an unchanged device whose jitter crosses grid cells
+        # does move it, so fpr can exceed the null's rate without the rule being wrong
+        "fpr_meaning": (f"share of the unchanged devices flagged; above {FALSE_ALARM:g} when their own jitter "
+                        "moves their memo input across grid cells (the detector sees that as a change)"
+                        if model.memoized else f"share of the unchanged devices flagged (the null's rate: "
+                        f"{FALSE_ALARM:g})"),
         "location_error": {"detected": int(err.size),
                            "mean": _num(float(err.mean())) if err.size else None,
                            "mean_abs": _num(float(np.abs(err).mean())) if err.size else None,
