@@ -378,15 +378,18 @@ def _parse_value(text: str) -> Any:
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply ``KEY=VALUE`` overrides with dotted keys (``simulation.cohort_size=1``,
-    ``population.groups.0.share=0.5``) to a copy of ``data``."""
+    ``population.groups.0.share=0.5``, or ``population.groups[0].share=0.5`` as error messages write it) to a
+    copy of ``data``."""
     import copy
+    import re
 
     out = copy.deepcopy(data)
     for item in overrides:
         key, sep, text = item.partition("=")
         if not sep or not key.strip():
             raise ScenarioError(f"--set {item!r}: expected KEY=VALUE")
-        parts = key.strip().split(".")
+        key = re.sub(r"\[(\d+)\]", r".\1", key.strip())
+        parts = key.split(".")
         node: Any = out
         for depth, part in enumerate(parts[:-1]):
             where = ".".join(parts[:depth + 1])

@@ -585,3 +585,14 @@ def test_a_bad_data_file_is_one_line_naming_it(tmp_path, recwarn, name, content,
         load("quickstart", [counter])
     assert says in str(exc.value) and "\n" not in str(exc.value)
     assert not [w for w in recwarn if issubclass(w.category, UserWarning)]
+
+
+def test_set_takes_a_key_as_error_messages_write_it() -> None:
+    """An error names `population.groups[0].counter.sd`; --set accepts that spelling as well as the dotted one."""
+    from scenarios import schema as sch
+
+    with pytest.raises(sch.ScenarioError, match=r"population\.groups\[0\]\.counter\.sd: must be >= 0"):
+        sch.load("quickstart", ["population.groups.0.counter.sd=-1"])
+    a = sch.load("quickstart", ["population.groups[0].counter.sd=123"])
+    b = sch.load("quickstart", ["population.groups.0.counter.sd=123"])
+    assert a.raw == b.raw and a.raw["population"]["groups"][0]["counter"]["sd"] == 123
