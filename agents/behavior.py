@@ -407,6 +407,10 @@ def resolve(spec: str) -> Callable[..., Any]:
         obj = getattr(obj, part)
     if not callable(obj):
         raise BehaviorError("", f"{spec!r} is not a function or class")
+    if inspect.isclass(obj) and not any("__call__" in vars(k) for k in obj.__mro__[:-1]):
+        # a behavior class is built, then called every round: one whose instances cannot be called is not one
+        # (and is not constructed: a scenario must not instantiate an arbitrary class with its parameters)
+        raise BehaviorError("", f"{spec!r} is a class whose instances are not callable: not a behavior")
     return obj
 
 

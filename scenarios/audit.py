@@ -163,8 +163,28 @@ def _parquet(path: Path, what: str, required: Sequence[str]) -> Any:
     return table
 
 
-def load(run_dir: Path | str, ledgers: Sequence[Path | str] | None = None) -> RunFiles:
-    """Read and validate everything an audit needs; AuditInputError names the first problem."""
+def named_code(raw: dict) -> list[str]:
+    """What a scenario (scenario.json) names as code to import: behaviors and a protocol given as
+    ``"module:name"`` ("key = value" each). Loading such a scenario imports those modules and calls the behaviors
+    with the file's parameters, so an audit of a directory it did not write runs them only when allowed."""
+    named = []
+    population = raw.get("population")
+    groups = population.get("groups") if isinstance(population, dict) else None
+    for i, g in enumerate(groups if isinstance(groups, list) else []):
+        spec = g.get("behavior") if isinstance(g, dict) else None
+        for s in (spec if isinstance(spec, list) else [spec]):
+            if isinstance(s, str) and ":" in s:
+                named.append(f"population.groups[{i}].behavior = {s!r}")
+    protocol = raw.get("protocol")
+    name = protocol.get("name") if isinstance(protocol, dict) else None
+    if isinstance(name, str) and ":" in name:
+        named.append(f"protocol.name = {name!r}")
+    return named
+
+
+def load(run_dir: Path | str, ledgers: Sequence[Path | str] | None = None, allow_code: bool = False) -> RunFiles:
+    """Read and validate everything an audit needs; AuditInputError names the first problem. ``allow_code``:
+    load a scenario.json that names modules to import (:func:`named_code`); refused otherwise."""
     import pyarrow as pa
 
     from scenarios import tables
@@ -176,6 +196,11 @@ def load(run_dir: Path | str, ledgers: Sequence[Path | str] | None = None) -> Ru
     raw = _json(run / "scenario.json")
     if not isinstance(summary, dict) or not isinstance(raw, dict):
         raise AuditInputError(f"{run}: summary.json and scenario.json must hold JSON objects")
+    code = named_code(raw)
+    if code and not allow_code:
+        raise AuditInputError(f"{run / 'scenario.json'}: names code to import ({code[0]}"
+                              f"{f' and {len(code) - 1} more' if len(code) > 1 else ''}); auditing it runs that code: "
+                              "pass --allow-code if you trust it")
     try:
         scenario = parse(raw)
     except ScenarioError as exc:
@@ -770,14 +795,14 @@ def check_ledger_digest(files: RunFiles, findings: Findings) -> dict:
 
 # ------------------------------------------------------------------------------------------- the audit
 def audit(run_dir: Path | str, devices: int | str | None = None, ledgers: Sequence[Path | str] | None = None,
-          progress: bool = False, write: bool = True) -> dict:
+          progress: bool = False, write: bool = True, allow_code: bool = False) -> dict:
     """Audit a run directory; returns the audit.json record (and writes it unless ``write`` is False).
     AuditInputError for a run directory that cannot be audited."""
     from scenarios import tables
 
     t0 = time.perf_counter()
     timing: dict[str, float] = {}
-    files = load(run_dir, ledgers)
+    files = load(run_dir, ledgers, allow_code)
     timing["load"] = time.perf_counter() - t0
     sc = files.scenario
     if isinstance(devices, int) and devices < 1:
@@ -853,9 +878,11 @@ def parse_devices(text: str | None) -> int | str | None:
     return int(text)
 
 
-def main(run_dir: str, devices: str | None, ledgers: Iterable[str] | None, as_json: bool, quiet: bool = False) -> int:
+def main(run_dir: str, devices: str | None, ledgers: Iterable[str] | None, as_json: bool, quiet: bool = False,
+         allow_code: bool = False) -> int:
     """The ``ldpsim audit`` command: 0 clean, 1 failed (AuditInputError -> 2 in scenarios.cli)."""
-    record = audit(run_dir, parse_devices(devices), list(ledgers or []) or None, progress=not (as_json or quiet))
+    record = audit(run_dir, parse_devices(devices), list(ledgers or []) or None, progress=not (as_json or quiet),
+                   allow_code=allow_code)
     if as_json:
         print(json.dumps(record, indent=2))
     else:

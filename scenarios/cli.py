@@ -400,7 +400,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     """Check a finished run device by device against the reference models (scenarios/audit.py)."""
     from scenarios import audit
 
-    return audit.main(args.run_dir, args.devices, args.ledger, args.json, args.quiet)
+    return audit.main(args.run_dir, args.devices, args.ledger, args.json, args.quiet, args.allow_code)
 
 
 def cmd_privacy_audit(args: argparse.Namespace) -> int:
@@ -615,6 +615,9 @@ def parser() -> argparse.ArgumentParser:
                          "replaces RUN_DIR's ledger")
     au.add_argument("--json", action="store_true", help="print audit.json (and no progress bar)")
     au.add_argument("--quiet", action="store_true", help="no progress bar")
+    au.add_argument("--allow-code", action="store_true",
+                    help="audit a run whose scenario.json names modules to import (behaviors or a protocol given "
+                         "as module:name): loading it runs that code, so only for runs you trust")
     au.set_defaults(func=cmd_audit)
 
     pr = sub.add_parser("protocols", help="list the registered protocols (built-in and installed plugins)")

@@ -236,7 +236,11 @@ def _group_behaviors(groups: list[Group], raw_groups: list[Any], changes: list[C
 def parse(data: dict[str, Any]) -> Scenario:
     """Validate a scenario given as a dict (parsed TOML)."""
     top = _Table(data, "")
-    name = top.get("name", str, check=lambda v: 0 < len(v) <= 100, what="a non-empty name")
+    # the name becomes part of default output paths (runs/<name>-<timestamp>): no separators, no "..", no
+    # control characters, not hidden
+    name = top.get("name", str, check=lambda v: 0 < len(v) <= 100 and v.isprintable() and "/" not in v
+                   and "\\" not in v and not v.startswith(".") and ".." not in v,
+                   what="a name of 1-100 printable characters without '/', '\\', '..' or a leading '.'")
     description = top.get("description", str, "")
     seed = top.get("seed", int, 0, check=lambda v: 0 <= v < 2**63, what="an integer in [0, 2^63)")
     rounds = top.get("rounds", int, check=lambda v: 1 <= v <= 100_000, what="an integer in [1, 100000]")

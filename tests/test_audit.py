@@ -529,6 +529,23 @@ def test_bad_run_directories_exit_2(tmp_path, clean_runs, capsys, damage, needle
     assert not (run / "audit.json").exists()
 
 
+def test_a_run_directory_naming_code_is_not_loaded_without_allow_code(tmp_path, clean_runs, capsys) -> None:
+    """A scenario.json that names a module to import (a behavior "module:name") would run that code when
+    loaded: the audit refuses it (one line, exit 2) and nothing runs; with --allow-code it loads it (here the
+    class is no behavior, which the loader refuses before constructing it: the marker file never appears)."""
+    run = _copy(clean_runs["quickstart"], tmp_path / "run")
+    marker = tmp_path / "pwned"
+    raw = json.loads((run / "scenario.json").read_text())
+    raw["population"]["groups"][0].update(behavior="subprocess:Popen", params={"args": ["touch", str(marker)]})
+    (run / "scenario.json").write_text(json.dumps(raw))
+    assert cli.main(["audit", str(run)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "names code to import (population.groups[0].behavior = 'subprocess:Popen')" in err[0]
+    assert cli.main(["audit", str(run), "--allow-code"]) == 2
+    assert "is a class whose instances are not callable" in capsys.readouterr().err
+    assert not marker.exists()
+
+
 def test_not_a_directory(tmp_path, capsys) -> None:
     assert cli.main(["audit", str(tmp_path / "nothing")]) == 2
     assert "not a run directory" in capsys.readouterr().err

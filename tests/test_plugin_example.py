@@ -99,9 +99,11 @@ def test_audit_of_a_protocol_without_a_reference_model_is_an_input_error(tmp_pat
     sc = schema.load(str(EXAMPLE / "losue_usage.toml"),
                      [f'protocol.name="{MODULE_CLASS}"', "population.devices=300", "rounds=3"])
     output.write_run_dir(runner.run(sc), tmp_path / "run", transcript="always")
-    assert cli.main(["audit", str(tmp_path / "run")]) == 0  # with its model
+    assert cli.main(["audit", str(tmp_path / "run")]) == 2  # it names a module to import: refused unless allowed
+    assert "pass --allow-code if you trust it" in capsys.readouterr().err
+    assert cli.main(["audit", str(tmp_path / "run"), "--allow-code"]) == 0  # with its model
     capsys.readouterr()
     monkeypatch.setattr(registry.lookup(MODULE_CLASS).params, "reference_model", None)
-    assert cli.main(["audit", str(tmp_path / "run")]) == 2
+    assert cli.main(["audit", str(tmp_path / "run"), "--allow-code"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no reference model for protocol 'losue'" in err[0], err
