@@ -504,10 +504,13 @@ def _plain(v: Any) -> Any:
 
 
 def _close(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Row-wise equality, floats to 1e-9 relative (absolute near 0)."""
+    """Row-wise equality, floats to 1e-9 relative (absolute near 0); an infinity equals only itself (the
+    relative test would take inf for any number) and NaN nothing."""
     if a.dtype.kind == "f" or b.dtype.kind == "f":
         a, b = a.astype(np.float64), b.astype(np.float64)
-        ok = (np.abs(a - b) <= REL_TOL * np.maximum(1.0, np.maximum(np.abs(a), np.abs(b)))) | (a == b)
+        with np.errstate(invalid="ignore"):
+            near = np.abs(a - b) <= REL_TOL * np.maximum(1.0, np.maximum(np.abs(a), np.abs(b)))
+        ok = (near & np.isfinite(a) & np.isfinite(b)) | (a == b)
     else:
         ok = a.astype(np.int64) == b.astype(np.int64)
     return ok.reshape(ok.shape[0], -1).all(axis=1) if ok.ndim > 1 else ok
