@@ -876,7 +876,7 @@ def parse_devices(text: str | None) -> int | str | None:
         return None
     if text == "all":
         return "all"
-    if not text.isdigit() or int(text) < 1:
+    if not text.isdecimal() or int(text) < 1:
         raise AuditInputError(f"--devices {text!r}: expected a positive number or 'all'")
     return int(text)
 

@@ -361,10 +361,10 @@ def cmd_devices(args: argparse.Namespace) -> int:
 
     scenario = load(args.scenario, args.set)
     host, _, port = args.connect.rpartition(":")
-    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+    if not host or not port.isdecimal() or not 1 <= int(port) <= 65535:
         raise ScenarioError(f"--connect {args.connect!r}: expected HOST:PORT with a port 1-65535")
     index, _, count = args.shard.partition("/")
-    if not (index.isdigit() and count.isdigit() and 1 <= int(index) <= int(count)):
+    if not (index.isdecimal() and count.isdecimal() and 1 <= int(index) <= int(count)):
         raise ScenarioError(f"--shard {args.shard!r}: expected I/N with 1 <= I <= N")
     if args.resume and not args.out:
         raise ScenarioError("--resume: the saved device state is in --out DIR; give it")
@@ -458,7 +458,7 @@ def _pause(text: str) -> float:
 
 def _port(text: str) -> int:
     """An argparse type: a TCP port to listen on, 0-65535 (0: one the system picks, printed)."""
-    if not text.isdigit() or not 0 <= int(text) <= 65535:
+    if not text.isdecimal() or not 0 <= int(text) <= 65535:
         raise argparse.ArgumentTypeError(f"expected a TCP port 0-65535, got {text!r}")
     return int(text)
 
@@ -656,6 +656,10 @@ def _command(args: argparse.Namespace) -> int:
         return 2
     except BehaviorError as exc:  # a scripted behavior that failed during the run (agents/behavior.py)
         print(f"ldpsim: error: behavior: {exc}", file=sys.stderr)
+        return 2
+    except RecursionError:  # tomllib and json recurse: a file or --set value of thousands of nested levels
+        print("ldpsim: error: input nested too deeply (a scenario, --set/--grid value or JSON file with thousands "
+              "of nested arrays or tables)", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("ldpsim: interrupted", file=sys.stderr)

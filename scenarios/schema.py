@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import tomllib
 import warnings
 import zlib
@@ -145,7 +146,12 @@ def load_data(spec: str, field_name: str) -> np.ndarray:
                 warnings.simplefilter("ignore", UserWarning)
                 data = np.loadtxt(path, dtype=np.float64, ndmin=2)  # (lines, numbers a line), even for one
         except (ValueError, OSError, EOFError, zlib.error) as exc:  # EOFError, zlib.error: a damaged .gz
-            raise ScenarioError(f"{field_name}: {spec!r} is not one number per line: {exc}"[:300]) from None
+            # the line number, not numpy's message: that quotes the file's text (a path to /proc/self/environ
+            # in a scenario from elsewhere would print the environment)
+            row = re.search(r"at row (\d+)", str(exc))
+            raise ScenarioError(f"{field_name}: {spec!r} is not one number per line"
+                                + (f" (line {int(row.group(1)) + 1})" if row else f" ({type(exc).__name__})"
+                                   if isinstance(exc, ValueError) else f": {exc}"[:200])) from None
         if data.shape[1] > 1:
             raise ScenarioError(f"{field_name}: {spec!r} must hold one number per line, not {data.shape[1]} columns")
         data = data.ravel()
@@ -385,7 +391,6 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     ``population.groups.0.share=0.5``, or ``population.groups[0].share=0.5`` as error messages write it) to a
     copy of ``data``."""
     import copy
-    import re
 
     out = copy.deepcopy(data)
     for item in overrides:
@@ -398,7 +403,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         for depth, part in enumerate(parts[:-1]):
             where = ".".join(parts[:depth + 1])
             if isinstance(node, list):
-                if not part.isdigit() or int(part) >= len(node):
+                if not part.isdecimal() or int(part) >= len(node):
                     raise ScenarioError(f"--set {key}: {where} is not an index of the array")
                 node = node[int(part)]
             elif isinstance(node, dict):
@@ -407,7 +412,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
                 raise ScenarioError(f"--set {key}: {where} is not a table")
         last = parts[-1]
         if isinstance(node, list):
-            if not last.isdigit() or int(last) >= len(node):
+            if not last.isdecimal() or int(last) >= len(node):
                 raise ScenarioError(f"--set {key}: {last} is not an index of the array")
             node[int(last)] = _parse_value(text)
         else:

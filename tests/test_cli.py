@@ -252,6 +252,23 @@ def test_the_run_line_says_what_kind_of_number_the_guarantee_is(tmp_path, capsys
     assert "(guarantee 3);" in line and "behavior pattern" not in line, line
 
 
+def test_hostile_inputs_are_one_line_errors(tmp_path, capsys):
+    """Found by a hostile-input pass, each was a traceback or worse: a scenario of thousands of nested arrays
+    (RecursionError in the TOML reader), a superscript digit as an array index (isdigit() but not int()), a data
+    file whose bad line numpy's message would quote (the scenario may point at /proc/self/environ)."""
+    (tmp_path / "deep.toml").write_text("x = " + "[" * 5000 + "]" * 5000, encoding="utf-8")
+    secret = tmp_path / "data.txt"
+    secret.write_text("1\n2\nTOKEN=s3cr3t\n", encoding="utf-8")
+    for argv, needle in ((["run", str(tmp_path / "deep.toml")], "input nested too deeply"),
+                         (["run", "quickstart", "--set", "population.groups.\u00b2.share=1"], "is not an index"),
+                         (["run", "quickstart", "--set",
+                           f'population.groups.0.counter={{dist="data", path="{secret}"}}'],
+                          "is not one number per line (line 3)")):
+        assert main([*argv, "--out", str(tmp_path / "out"), "--quiet"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and needle in err[0] and "s3cr3t" not in err[0], err
+
+
 def test_bad_scenario_file(tmp_path):
     text = (schema.SHIPPED / "quickstart.toml").read_text(encoding="utf-8")
     assert "share = 0.7" in text
