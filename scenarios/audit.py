@@ -246,6 +246,9 @@ def load(run_dir: Path | str, ledgers: Sequence[Path | str] | None = None, allow
         meta = tables.transcript_meta(transcript)
     except ValueError as exc:
         raise AuditInputError(f"{run / tables.TRANSCRIPT}: {exc}") from None
+    missing = [c for _, cols in tables.stage_specs(meta) for c, _, _ in cols if c not in transcript.column_names]
+    if missing:
+        raise AuditInputError(f"{run / tables.TRANSCRIPT}: no column {missing[0]!r} (its metadata lists it)")
     if meta.get("protocol") != scenario.protocol.name:
         raise AuditInputError(f"{run / tables.TRANSCRIPT}: holds protocol {meta.get('protocol')!r}, the scenario "
                               f"runs {scenario.protocol.name!r}")

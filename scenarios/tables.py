@@ -142,7 +142,8 @@ def _check_meta(meta: dict) -> None:
                              "(each with name, dtype and width >= 1)")
 
 
-def _stage_specs(meta: dict) -> list[tuple[str, list[tuple[str, str, int]]]]:
+def stage_specs(meta: dict) -> list[tuple[str, list[tuple[str, str, int]]]]:
+    """Each stage of a transcript's metadata as (name, [(column, dtype, width), ...])."""
     return [(s["name"], [(c["name"], c["dtype"], int(c["width"])) for c in s["columns"]]) for s in meta["stages"]]
 
 
@@ -231,7 +232,7 @@ def transcript_digest_of_table(table: pa.Table) -> str:
     meta = transcript_meta(table)
     n = int(meta["devices"])
     hasher = canonical.TranscriptHasher(n)
-    specs, bits = _stage_specs(meta), _stage_bits(meta)
+    specs, bits = stage_specs(meta), _stage_bits(meta)
     stage = table["stage"]
     if pa.types.is_dictionary(stage.type):
         stage = stage.cast(pa.string())

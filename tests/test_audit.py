@@ -180,6 +180,11 @@ def _retype(path: Path, column: str, to: pa.DataType) -> None:
     _rewrite(path, table.set_column(at, pa.field(column, to), cast.cast(to)))
 
 
+def _drop_column(path: Path, column: str) -> None:
+    table = pq.read_table(path)
+    _rewrite(path, table.drop_columns([column]).replace_schema_metadata(table.schema.metadata))
+
+
 def _null_at(path: Path, column: str, row: int) -> None:
     """The table with one value of ``column`` missing (null), its metadata kept."""
     table = pq.read_table(path)
@@ -516,6 +521,7 @@ def test_cli_json_and_exit_codes(tmp_path, clean_runs, capsys) -> None:
     (lambda r: _null_at(r / "ledger.parquet", "reason", 3), "column 'reason' has 1 missing (null) value(s)"),
     (lambda r: _null_at(r / "ledger.parquet", "device", 0), "column 'device' has 1 missing (null) value(s)"),
     (lambda r: _null_at(r / "transcript.parquet", "round", 9), "column 'round' has 1 missing (null) value(s)"),
+    (lambda r: _drop_column(r / "transcript.parquet", "bit"), "no column 'bit' (its metadata lists it)"),
     (lambda r: _transcript_meta(r, "[1, 2]"), "metadata must be a JSON object"),
     (lambda r: _transcript_meta(r, f'{{{META}, "stages": []}}'), "devices must be"),
     (lambda r: _transcript_meta(r, f'{{{META}, "devices": 5, "stages": [{{"name": "x"}}]}}'),
