@@ -269,6 +269,17 @@ def test_hostile_inputs_are_one_line_errors(tmp_path, capsys):
         assert len(err) == 1 and needle in err[0] and "s3cr3t" not in err[0], err
 
 
+def test_an_out_path_under_a_file_is_one_line_in_every_command(tmp_path, capsys):
+    (tmp_path / "afile").write_text("x", encoding="utf-8")
+    out = str(tmp_path / "afile" / "sub")
+    for argv in (["live", "quickstart", "--set", "population.devices=200", "--set", "rounds=2", "--quiet"],
+                 ["privacy-audit", "1bitmean", "--trials", "100", "--rounds", "2", "--quiet"],
+                 ["compare", "thresh_stable", "--set", "population.devices=300", "--quiet"]):
+        assert main([*argv, "--out", out]) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1] == f"ldpsim: error: {out}: Not a directory", (argv, err)
+
+
 def test_bad_scenario_file(tmp_path):
     text = (schema.SHIPPED / "quickstart.toml").read_text(encoding="utf-8")
     assert "share = 0.7" in text
