@@ -84,6 +84,7 @@ class DeviceClient:
         self.done = False
         self.connections = 0  # how many times it connected (reconnects = connections - 1)
         self.writer: asyncio.StreamWriter | None = None
+        self._heard = False  # whether the collector sent anything on the current connection
 
     def _advance(self, day: int) -> None:
         """Bring the devices' days up to ``day``: the process's days advance (every hosted cohort observes each
@@ -120,6 +121,7 @@ class DeviceClient:
     async def run(self) -> None:
         delay = self.backoff[0]
         failing_since: float | None = None
+        closed_since: float | None = None  # since when every connection was closed before any message
         misframed = 0  # sessions in a row that the collector ended with bytes no frame can hold
         loop = asyncio.get_running_loop()
         while not self.done:
@@ -139,8 +141,8 @@ class DeviceClient:
                 continue
             failing_since = None
             self.connections += 1
-            delay = self.backoff[0]
             self.writer = writer
+            self._heard = False
             try:
                 await self._session(reader, writer)
                 misframed = 0
@@ -152,6 +154,15 @@ class DeviceClient:
             finally:
                 writer.close()
                 self.writer = None
+            if self._heard and not misframed:  # served: a later drop reconnects at once
+                delay, closed_since = self.backoff[0], None
+            else:  # closed before any message (a Hello refused without a reason: its devices held elsewhere)
+                closed_since = closed_since if closed_since is not None else loop.time()
+                if loop.time() - closed_since > self.give_up_after:
+                    raise ConnectionError(f"the collector at {self.host}:{self.port} closed every connection right "
+                                          f"after the Hello for {self.give_up_after:g} s (are these devices served "
+                                          "by another process?)")
+                delay = min(max(delay, self.backoff[0]) * 2, self.backoff[1])
             if not self.done:
                 await asyncio.sleep(delay)
 
@@ -205,6 +216,7 @@ class DeviceClient:
 
     async def _on_message(self, msg: Message, writer: asyncio.StreamWriter) -> bool:
         """Answer one collector message; True when the run is over."""
+        self._heard = True
         if isinstance(msg, End):
             self.done = True
             return True
