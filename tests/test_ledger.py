@@ -20,13 +20,19 @@ def _charges(split: list[int]) -> list[Charge]:
     return out
 
 
-def test_digest_and_totals_do_not_depend_on_chunking() -> None:
+def _chunked_ledgers() -> list[Ledger]:
+    """The same charges recorded in three cohort splits."""
     ledgers = []
     for split in ([], [1, 2, 3, 50], list(range(1, 100, 7))):
         led = Ledger(100)
         for c in _charges(split):
             led.record(c)
         ledgers.append(led)
+    return ledgers
+
+
+def test_digest_and_totals_do_not_depend_on_chunking() -> None:
+    ledgers = _chunked_ledgers()
     assert len({led.digest() for led in ledgers}) == 1
     for led in ledgers[1:]:
         np.testing.assert_array_equal(led.spend, ledgers[0].spend)
@@ -49,12 +55,7 @@ def test_digest_changes_with_any_charge() -> None:
 
 
 def test_rows_digest_covers_the_cumulative_rows_only_and_does_not_depend_on_chunking() -> None:
-    ledgers = []
-    for split in ([], [1, 2, 3, 50], list(range(1, 100, 7))):
-        led = Ledger(100)
-        for c in _charges(split):
-            led.record(c)
-        ledgers.append(led)
+    ledgers = _chunked_ledgers()
     assert len({led.rows_digest() for led in ledgers}) == 1
     base = ledgers[0]
     for change, rows_change in ((Charge(2, 0.05, MEMO_REVEAL, 1.0, np.array([1])), True),  # one more row
