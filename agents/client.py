@@ -121,7 +121,6 @@ class DeviceClient:
     async def run(self) -> None:
         delay = self.backoff[0]
         failing_since: float | None = None
-        closed_since: float | None = None  # since when every connection was closed before any message
         misframed = 0  # sessions in a row that the collector ended with bytes no frame can hold
         loop = asyncio.get_running_loop()
         while not self.done:
@@ -154,14 +153,12 @@ class DeviceClient:
             finally:
                 writer.close()
                 self.writer = None
-            if self._heard and not misframed:  # served: a later drop reconnects at once
-                delay, closed_since = self.backoff[0], None
-            else:  # closed before any message (a Hello refused without a reason: its devices held elsewhere)
-                closed_since = closed_since if closed_since is not None else loop.time()
-                if loop.time() - closed_since > self.give_up_after:
-                    raise ConnectionError(f"the collector at {self.host}:{self.port} closed every connection right "
-                                          f"after the Hello for {self.give_up_after:g} s (are these devices served "
-                                          "by another process?)")
+            if misframed:
+                pass  # backed off above
+            elif self._heard:  # served: a later drop reconnects at once
+                delay = self.backoff[0]
+            else:  # closed before any message: a Hello refused without a reason (its devices still held by a
+                # connection the collector has not seen die, say): try again, backing off, until it is served
                 delay = min(max(delay, self.backoff[0]) * 2, self.backoff[1])
             if not self.done:
                 await asyncio.sleep(delay)

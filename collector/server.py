@@ -364,24 +364,25 @@ class LiveCollector:
         """Register the Hello's devices on ``conn``, or raise :class:`Refused` (cheap checks first)."""
         if conn.hello:
             raise Refused("second_hello", "a connection registers once")
+        ids = msg.devices  # unsigned and strictly increasing (wire.decode): no duplicates, the last is the largest
+        if ids.size == 0:
+            raise Refused("empty_hello", "a hello names at least one device")
+        # credentials first: a peer without them learns nothing (not the population, the scenario or held ids)
+        secret = self.settings.secret
+        if secret is not None and not auth.verify_hello(secret, conn.nonce or b"", msg.round, msg.protocol,
+                                                        ids.astype(np.uint64), msg.mac):
+            raise Refused("auth", "hello without a valid mac for its devices" if msg.mac is not None
+                          else "hello without a mac (the collector requires device authentication)", tell=True)
         if msg.protocol != self.protocol.name:
             raise Refused("protocol", f"the devices run protocol {msg.protocol!r}, this collector "
                                       f"{self.protocol.name!r}", tell=True)
         if self.scenario is not None and msg.scenario is not None and msg.scenario != self.scenario:
             raise Refused("scenario", "the devices run another scenario than this collector (its file or --set "
                                       "options differ)", tell=True)
-        ids = msg.devices  # unsigned and strictly increasing (wire.decode): no duplicates, the last is the largest
-        if ids.size == 0:
-            raise Refused("empty_hello", "a hello names at least one device")
         if int(ids[-1]) >= self.n_devices:  # compared as Python ints: no int64 wraparound for ids >= 2^63
             raise Refused("ids_out_of_range", f"hello names device {int(ids[-1])} outside the population of "
                                               f"{self.n_devices}", tell=True)
         ids = ids.astype(np.int64)
-        secret = self.settings.secret  # before the held ids: a peer without credentials learns nothing of them
-        if secret is not None and not auth.verify_hello(secret, conn.nonce or b"", msg.round, msg.protocol, ids,
-                                                        msg.mac):
-            raise Refused("auth", "hello without a valid mac for its devices" if msg.mac is not None
-                          else "hello without a mac (the collector requires device authentication)", tell=True)
         held = int(np.count_nonzero(self.holder[ids]))
         if held:  # not told: the holder may be a connection of the same devices that is about to be dropped
             raise Refused("ids_held", f"{held} of the hello's {ids.size} devices are held by another connection")
@@ -446,18 +447,19 @@ class LiveCollector:
     async def run(self, first_round: int = 1, last_round: int | None = None, end: bool = True) -> None:
         """Run rounds ``first_round``..``last_round`` (default: all), then tell the clients the run is over
         (``end``). A collector that restarts runs the remaining rounds in a new instance."""
-        try:
-            await asyncio.wait_for(self._registered.wait(), self.settings.startup_timeout)
-        except asyncio.TimeoutError:
-            self.log.warning("startup_incomplete", registered=self._held, devices=self.n_devices)
-        self.devices_at_start = self._held
-        if not self._held and self.n_devices:
-            raise ConnectionError(f"no device connected within {self.settings.startup_timeout:g} s "
-                                  "(--startup-timeout); nothing to collect")
-        if self.on_start is not None:
-            self.on_start(self._held, self.n_devices)
         last = last_round or self.rounds
         extra = self.hostility.extra_rounds(self.rounds) if self.hostility is not None and last == self.rounds else []
+        if first_round <= last or extra:  # (a resumed run whose rounds all closed has nothing to wait for)
+            try:
+                await asyncio.wait_for(self._registered.wait(), self.settings.startup_timeout)
+            except asyncio.TimeoutError:
+                self.log.warning("startup_incomplete", registered=self._held, devices=self.n_devices)
+            self.devices_at_start = self._held
+            if not self._held and self.n_devices:
+                raise ConnectionError(f"no device connected within {self.settings.startup_timeout:g} s "
+                                      "(--startup-timeout); nothing to collect")
+            if self.on_start is not None:
+                self.on_start(self._held, self.n_devices)
         for t in [*range(first_round, last + 1), *extra]:
             honest = t <= self.rounds
             self._log_drops()

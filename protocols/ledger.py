@@ -508,7 +508,7 @@ class Ledger:
             if full:
                 groups[(rnd, float(time).hex(), reason, float(amount).hex(), cumulative)].append(runs)
             if rows and cumulative:
-                pieces[(int(rnd), float(time).hex(), reason, float(amount).hex())].append((lo, hi, ids, runs))
+                pieces[(int(rnd), float(time).hex(), str(reason), float(amount).hex())].append((lo, hi, ids, runs))
         full_digest = rows_digest_ = ""
         if full:
             h = hashlib.sha256()

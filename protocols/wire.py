@@ -19,8 +19,10 @@ Live runtime only: ``Challenge`` (collector -> client: a 32-byte nonce as a u1 a
 field of ``Hello`` (32 bytes, a u1 array) carry device authentication (protocols.auth); the optional
 ``scenario`` field of ``Hello`` (32 bytes) fingerprints the scenario the devices run, and ``refused``
 (collector -> client: a reason, at most ``MAX_REASON`` characters) says why a collector will not serve them.
-All are additions to version 1: a Hello without ``mac`` or ``scenario`` is what older clients send, and a
-client that does not know ``challenge`` or ``refused`` drops it as an undecodable frame.
+All are additions to version 1 that a newer collector takes from older clients (a Hello without ``mac`` or
+``scenario``); an older collector refuses a newer client's Hello with ``scenario`` as malformed, so both ends
+of a deployment are upgraded together. A client that does not know ``challenge`` or ``refused`` drops it as
+an undecodable frame.
 """
 
 from __future__ import annotations
@@ -360,8 +362,9 @@ def _decode(data: bytes, max_bytes: int) -> Message:
         return Hello(round=round_, protocol=protocol, devices=devices, mac=mac, scenario=scenario)
     if kind == "refused":
         reason = body["reason"]
-        if not isinstance(reason, str) or len(reason) > MAX_REASON:
-            raise WireError(f"field 'reason' must be a string of at most {MAX_REASON} characters")
+        if not isinstance(reason, str) or len(reason) > MAX_REASON or not reason.isprintable():
+            # printable: a client prints it, and a hostile collector must not write escape codes or fake lines
+            raise WireError(f"field 'reason' must be a printable string of at most {MAX_REASON} characters")
         return Refusal(round=round_, protocol=protocol, reason=reason)
     if kind == "challenge":
         return Challenge(round=round_, protocol=protocol, nonce=_bytes_field(body, "nonce", NONCE_BYTES))

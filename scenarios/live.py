@@ -91,16 +91,32 @@ def build_server(sc: Scenario, ledger: Ledger, events: TextIO | None, settings: 
 
 
 #: parts of a scenario devices and collector need not share: its name and description, how the run is computed
-#: ([simulation]), what is computed after it ([analysis]) and the collector's own behavior ([collector])
-NOT_FINGERPRINTED = ("name", "description", "simulation", "analysis", "collector")
+#: (these [simulation] keys; ``round_seconds`` is shared: behaviors and timed changes depend on it), what is
+#: computed after it ([analysis]) and the collector's own behavior ([collector])
+NOT_FINGERPRINTED = ("name", "description", "analysis", "collector")
+NOT_FINGERPRINTED_SIMULATION = ("cohort_size", "workers", "threads", "engine")
+
+
+def _canonical(v: Any) -> Any:
+    """``v`` with integral floats as integers (``epsilon = 1`` and ``1.0`` are one scenario) and tables sorted."""
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    if isinstance(v, dict):
+        return {k: _canonical(x) for k, x in sorted(v.items())}
+    if isinstance(v, list):
+        return [_canonical(x) for x in v]
+    return v
 
 
 def scenario_fingerprint(sc: Scenario) -> bytes:
-    """sha256 of the scenario as run (scenario.json) without :data:`NOT_FINGERPRINTED`: what a device client's
-    Hello carries and a collector compares with its own, refusing devices of another scenario (another seed,
-    population, protocol parameter, budget ...), which would otherwise bias every estimate without a word."""
+    """sha256 of the scenario as run (scenario.json) without :data:`NOT_FINGERPRINTED` (and the
+    :data:`NOT_FINGERPRINTED_SIMULATION` keys), numbers compared by value: what a device client's Hello carries
+    and a collector compares with its own, refusing devices of another scenario (another seed, population,
+    protocol parameter, budget ...), which would otherwise bias every estimate without a word."""
     agreed = {k: v for k, v in sc.as_run.items() if k not in NOT_FINGERPRINTED}
-    return hashlib.sha256(json.dumps(agreed, sort_keys=True, separators=(",", ":")).encode()).digest()
+    if isinstance(agreed.get("simulation"), dict):
+        agreed["simulation"] = {k: v for k, v in agreed["simulation"].items() if k not in NOT_FINGERPRINTED_SIMULATION}
+    return hashlib.sha256(json.dumps(_canonical(agreed), separators=(",", ":")).encode()).digest()
 
 
 def build_client(sc: Scenario, device_ids: np.ndarray, ledger: Ledger, host: str, port: int,

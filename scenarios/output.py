@@ -321,7 +321,7 @@ def _write_estimates(result: RunResult, out: Path, seconds: dict[str, float] | N
              [(c.round - 1) // sc.protocol.epoch_length + 1 for c in sc.changes])
         return
     if sc.protocol.kind == "stream":
-        # theory_sd: ToPL's is an upper bound (theta = max_value), ToPS has none (empty, not 0)
+        # theory_sd: ToPL's is an upper bound (theta = max_value), ToPS has none (nan, not 0)
         truth, est, sd = (_stack([getattr(r, f) for r in recs], None) for f in ("truth", "estimate", "sd_theory"))
         table(["round", "truth", "estimate", "error", *names, "reports", "theory_sd"],
               [rounds, truth, est, est - truth, *extra, reports, sd])

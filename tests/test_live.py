@@ -211,12 +211,30 @@ def test_serve_with_devices_missing_warns_and_records_it_and_with_none_exits_2(t
     assert list((tmp_path / "empty").iterdir()) == []  # no event log or journal of a run that never started
 
 
+@pytest.mark.asyncio
+async def test_a_resumed_collector_whose_rounds_all_closed_does_not_wait_for_devices() -> None:
+    """serve --resume after a crash between the last round and the run directory: nothing is left to collect,
+    so it neither waits out the startup timeout nor fails for want of devices (they finished and left)."""
+    import dataclasses
+    import time
+
+    sc = SCENARIOS["1bitrrpm"]
+    server, _, _ = live.build_server(sc, Ledger(sc.devices), None, dataclasses.replace(FAST, startup_timeout=30.0))
+    await server.start("127.0.0.1", 0)
+    t = time.monotonic()
+    try:
+        await asyncio.wait_for(server.run(first_round=sc.rounds + 1), 10)
+    finally:
+        await server.close()
+    assert time.monotonic() - t < 5 and server.devices_at_start is None
+
+
 def test_the_scenario_fingerprint_covers_what_devices_and_collector_must_share() -> None:
     base = protocol_scenario("1bitrrpm")
     same = [{"simulation.cohort_size": 7}, {"simulation.threads": 2}, {"analysis.attacks": "false"},
-            {"name": '"renamed"'}, {"collector.behavior": '"replay"'}]
+            {"name": '"renamed"'}, {"collector.behavior": '"replay"'}, {"protocol.epsilon": 1}]  # 1 is 1.0
     other = [{"protocol.epsilon": 2.0}, {"seed": 8}, {"privacy.budget": 3}, {"population.devices": 1201},
-             {"network.deadline": 4.0}, {"rounds": 7}]
+             {"network.deadline": 4.0}, {"rounds": 7}, {"simulation.round_seconds": 50}]
     fp = live.scenario_fingerprint(base)
     assert len(fp) == 32
     assert all(live.scenario_fingerprint(protocol_scenario("1bitrrpm", **o)) == fp for o in same)

@@ -344,17 +344,17 @@ async def test_a_device_client_under_another_secret_stops_with_the_reason() -> N
 
 
 @pytest.mark.asyncio
-async def test_a_client_whose_hellos_keep_being_closed_backs_off_and_gives_up() -> None:
+async def test_a_client_whose_hellos_keep_being_closed_backs_off() -> None:
     """A shard whose devices another connection holds is closed right after every Hello (no reason is sent:
-    the holder may be its own dying connection). It backs off exponentially rather than reconnecting twenty
-    times a second, and gives up after its patience with a line saying why; the run is unharmed."""
-    h = await started(settings=dataclasses.replace(FAST, round_pause=0.6))  # the run outlasts the patience
+    the holder may be a dead connection the collector has not noticed yet). It keeps trying, but backs off
+    exponentially (up to 2 s) instead of reconnecting twenty times a second; the run is unharmed."""
+    h = await started(settings=dataclasses.replace(FAST, round_pause=0.6))  # the run outlasts the wait below
     await h.registered()
     dup = live.build_client(h.sc, live.shard(h.sc.devices, 0, 2), Ledger(h.sc.devices), HOST, h.port)
-    dup.give_up_after = 1.5
-    with pytest.raises(ConnectionError, match="closed every connection right after the Hello for 1.5 s"):
-        await asyncio.wait_for(dup.run(), 15)
-    assert 3 <= dup.connections <= 7  # 0.1 + 0.2 + 0.4 + 0.8 + 1.6 s of backoff, not 30 attempts
+    task = asyncio.create_task(dup.run())
+    await asyncio.sleep(2.0)
+    assert not task.done() and 3 <= dup.connections <= 7  # 0.1 + 0.2 + 0.4 + 0.8 s of backoff, not 40 attempts
+    task.cancel()
     got = await h.finish()
     assert got["digests"] == simulated()
 
