@@ -274,13 +274,9 @@ class LiveCollector:
             cause, detail = "malformed", str(exc)
         except Refused as exc:
             cause, detail = exc.cause, exc.detail
-            if exc.tell and not conn.closed:  # said before the close (the drop below aborts the socket)
-                writer.write(frame(wire.encode(Refusal(max(1, self.current_round), self.protocol.name,
-                                                       detail[:wire.MAX_REASON]))))
-                self.frames_sent += 1
-                self._count_drop(cause, detail)
-                self._release(conn)
-                writer.close()
+            if exc.tell:  # the reason goes to the client before the close
+                self._drop(conn, cause, detail, farewell=Refusal(max(1, self.current_round), self.protocol.name,
+                                                                 detail[:wire.MAX_REASON]))
         except (OSError, asyncio.IncompleteReadError):
             pass  # the connection is gone (reset, or a TLS error on a closed socket)
         except asyncio.CancelledError:
@@ -308,13 +304,19 @@ class LiveCollector:
             self.log.warning("connections_dropped", round=self.current_round, counts=dict(self._round_drops))
         self._round_drops = {}
 
-    def _drop(self, conn: Connection, cause: str, detail: str) -> None:
-        """Count ``conn`` as dropped for ``cause`` (once), free its devices and close it at once."""
+    def _drop(self, conn: Connection, cause: str, detail: str, farewell: Message | None = None) -> None:
+        """Count ``conn`` as dropped for ``cause`` (once), free its devices and close it at once; with a
+        ``farewell`` message (a Refusal), that is written first and the close waits for it to go out."""
         if conn.closed:
             return
         self._count_drop(cause, detail)
         self._release(conn)
-        conn.writer.transport.abort()
+        if farewell is None:
+            conn.writer.transport.abort()
+            return
+        conn.writer.write(frame(wire.encode(farewell)))
+        self.frames_sent += 1
+        conn.writer.close()
 
     def _release(self, conn: Connection) -> None:
         """``conn`` is gone: its devices (only those it holds) are free again."""

@@ -657,8 +657,8 @@ def _command(args: argparse.Namespace) -> int:
     except BehaviorError as exc:  # a scripted behavior that failed during the run (agents/behavior.py)
         print(f"ldpsim: error: behavior: {exc}", file=sys.stderr)
         return 2
-    except (NotADirectoryError, IsADirectoryError, FileExistsError, PermissionError) as exc:  # e.g. --out a/b with
-        # a a file, or a folder it may not write: the path and the reason, not a traceback
+    except (NotADirectoryError, IsADirectoryError, FileExistsError, PermissionError) as exc:  # e.g. --out a/b
+        # where a is a file, or a folder it may not write: the path and the reason, not a traceback
         print(f"ldpsim: error: {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     except RecursionError:  # tomllib and json recurse: a file or --set value of thousands of nested levels

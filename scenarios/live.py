@@ -98,11 +98,11 @@ NOT_FINGERPRINTED_SIMULATION = ("cohort_size", "workers", "threads", "engine")
 
 
 def _canonical(v: Any) -> Any:
-    """``v`` with integral floats as integers (``epsilon = 1`` and ``1.0`` are one scenario) and tables sorted."""
+    """``v`` with integral floats as integers (``epsilon = 1`` and ``1.0`` are one scenario)."""
     if isinstance(v, float) and v.is_integer():
         return int(v)
     if isinstance(v, dict):
-        return {k: _canonical(x) for k, x in sorted(v.items())}
+        return {k: _canonical(x) for k, x in v.items()}
     if isinstance(v, list):
         return [_canonical(x) for x in v]
     return v
@@ -116,7 +116,7 @@ def scenario_fingerprint(sc: Scenario) -> bytes:
     agreed = {k: v for k, v in sc.as_run.items() if k not in NOT_FINGERPRINTED}
     if isinstance(agreed.get("simulation"), dict):
         agreed["simulation"] = {k: v for k, v in agreed["simulation"].items() if k not in NOT_FINGERPRINTED_SIMULATION}
-    return hashlib.sha256(json.dumps(_canonical(agreed), separators=(",", ":")).encode()).digest()
+    return hashlib.sha256(json.dumps(_canonical(agreed), sort_keys=True, separators=(",", ":")).encode()).digest()
 
 
 def build_client(sc: Scenario, device_ids: np.ndarray, ledger: Ledger, host: str, port: int,

@@ -149,9 +149,13 @@ def load_data(spec: str, field_name: str) -> np.ndarray:
             # the line number, not numpy's message: that quotes the file's text (a path to /proc/self/environ
             # in a scenario from elsewhere would print the environment)
             row = re.search(r"at row (\d+)", str(exc))
-            raise ScenarioError(f"{field_name}: {spec!r} is not one number per line"
-                                + (f" (line {int(row.group(1)) + 1})" if row else f" ({type(exc).__name__})"
-                                   if isinstance(exc, ValueError) else f": {exc}"[:200])) from None
+            if row:
+                why = f" (line {int(row.group(1)) + 1})"
+            elif isinstance(exc, ValueError):
+                why = f" ({type(exc).__name__})"
+            else:  # a damaged .gz or an unreadable file: its message quotes no content
+                why = f": {exc}"[:200]
+            raise ScenarioError(f"{field_name}: {spec!r} is not one number per line{why}") from None
         if data.shape[1] > 1:
             raise ScenarioError(f"{field_name}: {spec!r} must hold one number per line, not {data.shape[1]} columns")
         data = data.ravel()
