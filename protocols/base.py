@@ -8,12 +8,12 @@ reject) and closes rounds into estimates. Neither side reads a clock, sleeps or 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 import numpy as np
 
+from protocols import config
 from protocols.guard import Guarantee, Guard, Limits
 from protocols.ledger import Charge
 from protocols.messages import CollectionRequest, CollectorMessage, Decision, ReportBatch, Threshold
@@ -22,14 +22,26 @@ if TYPE_CHECKING:
     from protocols.collecting import ReportCollector
 
 
-def check_params(epsilon: float, max_value: float, gamma: float = 0.0) -> None:
-    """The checks every protocol's parameters share (ValueError naming the scenario key)."""
-    if not (math.isfinite(epsilon) and epsilon > 0):
-        raise ValueError(f"protocol.epsilon must be a positive number, got {epsilon}")
-    if not (math.isfinite(max_value) and max_value > 0):
-        raise ValueError(f"protocol.max_value must be a positive number, got {max_value}")
+def check_params(epsilon: float, max_value: float, gamma: float = 0.0, total: bool = False) -> None:
+    """The checks every protocol's parameters share (ValueError naming the scenario key); ``total``: epsilon is
+    a run's total that the protocol divides (config.TOTAL_EPSILON_RANGE)."""
+    low, high = config.TOTAL_EPSILON_RANGE if total else config.EPSILON_RANGE
+    if not low <= epsilon <= high:
+        raise ValueError(f"protocol.epsilon must be a number in [{low:g}, {high:g}], got {epsilon}")
+    low, high = config.MAX_VALUE_RANGE
+    if not low <= max_value <= high:
+        raise ValueError(f"protocol.max_value must be a number in [{low:g}, {high:g}], got {max_value}")
     if not 0.0 <= gamma < 0.5:
         raise ValueError(f"protocol.gamma must be in [0, 0.5), got {gamma}")
+
+
+def check_epoch_epsilon(epsilon: float, epochs: int) -> None:
+    """A total epsilon spread evenly over ``epochs`` epochs: each epoch's share is a privacy parameter too, so
+    it must stay in range (ValueError naming the scenario key)."""
+    low, high = config.EPSILON_RANGE
+    if epochs >= 1 and not low <= epsilon / epochs <= high:
+        raise ValueError(f"protocol.epsilon {epsilon:g} over {epochs} epochs is {epsilon / epochs:.3g} an epoch, "
+                         f"outside [{low:g}, {high:g}]")
 
 
 class ProtocolError(ValueError):

@@ -104,7 +104,7 @@ class KFlipParams:
     def from_table(cls, name: str, table: "config.Table", ctx: "config.Context") -> "KFlipParams":
         """[protocol] keys: epsilon, max_value, buckets."""
         epsilon = config.epsilon(table)
-        max_value = table.get("max_value", float, check=config.positive, what="> 0")
+        max_value = config.max_value(table)
         return cls(name, epsilon, max_value,
                    table.get("buckets", int, check=lambda v: 2 <= v <= 65_536, what="an integer in [2, 65536]"))
 
@@ -241,7 +241,7 @@ class LaplaceParams:
     def from_table(cls, name: str, table: "config.Table", ctx: "config.Context") -> "LaplaceParams":
         """[protocol] keys: epsilon, max_value."""
         epsilon = config.epsilon(table)
-        return cls(name, epsilon, table.get("max_value", float, check=config.positive, what="> 0"))
+        return cls(name, epsilon, config.max_value(table))
 
     def __post_init__(self) -> None:
         check_params(self.epsilon, self.max_value)

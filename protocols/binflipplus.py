@@ -186,7 +186,7 @@ class BinFlipPlusParams:
     def from_table(cls, name: str, table: "config.Table", ctx: "config.Context") -> "BinFlipPlusParams":
         """[protocol] keys: epsilon, max_value, buckets."""
         epsilon = config.epsilon(table)
-        max_value = table.get("max_value", float, check=config.positive, what="> 0")
+        max_value = config.max_value(table)
         return cls(name, epsilon, max_value,
                    table.get("buckets", int, check=lambda v: 2 <= v <= 65_536, what="an integer in [2, 65536]"))
 

@@ -14,7 +14,9 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
-__all__ = ["ConfigError", "Context", "Table", "epsilon", "holdout_share", "positive", "GAMMA"]
+__all__ = ["ConfigError", "Context", "Table", "epsilon", "optional_epsilon", "max_value", "holdout_share",
+           "positive", "GAMMA", "EPSILON_RANGE", "TOTAL_EPSILON_RANGE",
+           "MAX_VALUE_RANGE"]
 
 #: how an error names the type a key needs
 _KIND_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "a boolean", dict: "a table",
@@ -113,9 +115,45 @@ def holdout_share(table: Table, devices: int) -> float:
     return hold if hold < 1 else hold / devices
 
 
-def epsilon(table: Table, key: str = "epsilon", default: Any = ...) -> float:
-    """A privacy parameter: a number in (0, 50]."""
-    return float(table.get(key, float, default, check=lambda v: 0 < v <= 50, what="a number in (0, 50]"))
+#: the range of a privacy parameter of one mechanism (the papers' figures stop at 10). Below 1e-6, e^eps - 1
+#: loses most of its digits in floating point (at 1e-17 it is 0 and every estimator divides by zero). Above
+#: 10, the (eps, delta) accountant's hockey-stick curves, evaluated up to likelihood ratios e^eps, carry
+#: rounding of about e^eps x 2^-52 (2e-8 at eps = 20: more than the delta = 1e-9 it reports), and past 30 a
+#: probability 1/(e^eps + 1) vanishes next to 1 (at 40 a loss of eps comes out infinite).
+EPSILON_RANGE = (1e-6, 10.0)
+
+#: the range of a total epsilon spread over a run's epochs (THRESH, its baselines): each epoch's or message's
+#: share must then lie in :data:`EPSILON_RANGE`
+TOTAL_EPSILON_RANGE = (1e-6, 1000.0)
+
+#: the range of ``max_value`` (the counter's units): squared errors of values up to 1e15 stay finite in
+#: doubles, and a domain below 1e-9 is below the resolution of any telemetry counter
+MAX_VALUE_RANGE = (1e-9, 1e15)
+
+
+def _within(bounds: tuple[float, float]) -> Callable[[Any], bool]:
+    return lambda v: bounds[0] <= v <= bounds[1]
+
+
+def epsilon(table: Table, key: str = "epsilon", default: Any = ..., total: bool = False) -> float:
+    """A privacy parameter: a number in [1e-6, 10] (:data:`EPSILON_RANGE`); with ``total``, a run's total
+    that the protocol divides (:data:`TOTAL_EPSILON_RANGE`)."""
+    v = optional_epsilon(table, key, default, total)
+    assert v is not None  # default is a number or required
+    return v
+
+
+def optional_epsilon(table: Table, key: str, default: Any = None, total: bool = False) -> float | None:
+    """A privacy parameter that may be left out (None: derived by the protocol)."""
+    bounds = TOTAL_EPSILON_RANGE if total else EPSILON_RANGE
+    v = table.get(key, float, default, check=_within(bounds), what=f"a number in [{bounds[0]:g}, {bounds[1]:g}]")
+    return v if v is None else float(v)
+
+
+def max_value(table: Table) -> float:
+    """``max_value``, the top of the counter's domain [0, m]: a number in [1e-9, 1e15] (:data:`MAX_VALUE_RANGE`)."""
+    low, high = MAX_VALUE_RANGE
+    return float(table.get("max_value", float, check=_within(MAX_VALUE_RANGE), what=f"a number in [{low:g}, {high:g}]"))
 
 
 #: ``get`` keywords of output perturbation's flip probability gamma (Ding et al. 2017, section 3.2)

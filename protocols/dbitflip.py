@@ -101,7 +101,7 @@ class DBitFlipParams:
     def from_table(cls, name: str, table: "config.Table", ctx: "config.Context") -> "DBitFlipParams":
         """[protocol] keys: epsilon, max_value, buckets, bits (binflip: all of them), gamma."""
         epsilon = config.epsilon(table)
-        max_value = table.get("max_value", float, check=config.positive, what="> 0")
+        max_value = config.max_value(table)
         k = table.get("buckets", int, check=lambda v: 2 <= v <= 65_536, what="an integer in [2, 65536]")
         d = table.get("bits", int, k if name == BINFLIP else ..., check=lambda v: 1 <= v <= k,
                       what=f"an integer in [1, buckets = {k}]")

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from protocols import config
-from protocols.base import ProtocolParams, check_params
+from protocols.base import ProtocolParams, check_epoch_epsilon, check_params
 from protocols.baselines import KFlipParams, estimate_kflip
 from protocols.collecting import ReportCollector
 from protocols.dbitflip import histogram
@@ -55,7 +55,7 @@ class EpochKRRParams(EpochBudget):
     def from_table(cls, name: str, table: "config.Table", ctx: "config.Context") -> "EpochKRRParams":
         """[protocol] keys: epsilon (the total over the run), epoch_length (a divisor of rounds), buckets (D),
         max_value."""
-        epsilon = config.epsilon(table)
+        epsilon = config.epsilon(table, total=True)
         rounds = ctx.rounds
         length = table.get("epoch_length", int, check=lambda v: 1 <= v <= rounds and rounds % v == 0,
                            what=f"a divisor of rounds ({rounds})")
@@ -63,7 +63,8 @@ class EpochKRRParams(EpochBudget):
         return cls(name, epsilon, length, rounds // length, buckets, max_value)
 
     def __post_init__(self) -> None:
-        check_params(self.epsilon, self.max_value)
+        check_params(self.epsilon, self.max_value, total=True)
+        check_epoch_epsilon(self.epsilon, self.epochs)
         check_items(self.buckets)
         if self.epoch_length < 1 or self.epochs < 1:
             raise ValueError("protocol.epoch_length and the number of epochs must be >= 1")

@@ -16,7 +16,7 @@ import numpy as np
 
 from protocols import config
 from protocols import keyed
-from protocols.base import ProtocolParams, check_params
+from protocols.base import ProtocolParams, check_epoch_epsilon, check_params
 from protocols.collecting import Column, ReportCollector
 from protocols.device import OneEpochReportDevices, at_rows
 from protocols.epochs import EpochBudget, EpochMeans
@@ -51,14 +51,15 @@ class EpochRRParams(EpochBudget):
     @classmethod
     def from_table(cls, name: str, table: "config.Table", ctx: "config.Context") -> "EpochRRParams":
         """[protocol] keys: epsilon (the total over the run), epoch_length (a divisor of rounds)."""
-        epsilon = config.epsilon(table)
+        epsilon = config.epsilon(table, total=True)
         rounds = ctx.rounds
         length = table.get("epoch_length", int, check=lambda v: 1 <= v <= rounds and rounds % v == 0,
                            what=f"a divisor of rounds ({rounds})")
         return cls(name, epsilon, length, rounds // length)
 
     def __post_init__(self) -> None:
-        check_params(self.epsilon, self.max_value)
+        check_params(self.epsilon, self.max_value, total=True)
+        check_epoch_epsilon(self.epsilon, self.epochs)
         if self.epoch_length < 1 or self.epochs < 1:
             raise ValueError("protocol.epoch_length and the number of epochs must be >= 1")
 

@@ -153,7 +153,7 @@ def uniform_items(key: int, device_ids: np.ndarray, k: int) -> np.ndarray:
 
 def items_table(table: "config.Table") -> tuple[int, float]:
     buckets = table.get("buckets", int, check=lambda v: 2 <= v <= MAX_ITEMS, what=f"an integer in [2, {MAX_ITEMS}]")
-    max_value = table.get("max_value", float, check=config.positive, what="> 0")
+    max_value = config.max_value(table)
     return buckets, max_value
 
 
@@ -226,7 +226,7 @@ class HeavyThreshParams(VotingCaps):
         return cls.from_voting_table(name, table, ctx, items)
 
     def __post_init__(self) -> None:
-        check_params(self.epsilon, self.max_value)
+        check_params(self.epsilon, self.max_value, total=True)
         check_items(self.buckets)
         self.check_caps()
         smallest = self.smallest_group or self.devices

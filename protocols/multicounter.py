@@ -94,7 +94,7 @@ class MultiParams:
     def from_table(cls, name: str, table: "config.Table", ctx: "config.Context") -> "MultiParams":
         """[protocol] keys: epsilon, max_value, counters (every population group then needs that many apps)."""
         epsilon = config.epsilon(table)
-        max_value = table.get("max_value", float, check=config.positive, what="> 0")
+        max_value = config.max_value(table)
         return cls(name, epsilon, max_value,
                    table.get("counters", int, check=lambda v: 1 <= v <= 64, what="an integer in [1, 64]"))
 

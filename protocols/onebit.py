@@ -33,6 +33,9 @@ from protocols.round_mechanism import NoRoundMechanism, RoundMechanism, randomiz
 from protocols.wire import bits as wire_bits
 
 NAIVE, MEMOIZED = "1bitmean", "1bitrrpm"
+#: the most grid steps m/s of 1bitrrpm: memo inputs (grid points) are int64 and a reveal set keys on
+#: (device, input) in 64 bits (protocols/memo.py)
+MAX_STEPS = 2**31
 
 
 # ------------------------------------------------------------------------------------------- formulas
@@ -130,12 +133,15 @@ class OneBitParams:
     def from_table(cls, name: str, table: "config.Table", ctx: "config.Context") -> "OneBitParams":
         """[protocol] keys: epsilon, max_value, granularity (1bitrrpm; it must divide max_value), gamma."""
         epsilon = config.epsilon(table)
-        max_value = table.get("max_value", float, check=config.positive, what="> 0")
+        max_value = config.max_value(table)
         gran = table.get("granularity", float, None if name == NAIVE else ..., check=config.positive, what="> 0")
         if gran is not None:
             k = max_value / gran
             if gran > max_value or abs(k - round(k)) > 1e-9 * k:
                 raise table.fail("granularity", f"{gran:g} must divide protocol.max_value {max_value:g}")
+            if k > MAX_STEPS:
+                raise table.fail("granularity", f"{gran:g} cuts protocol.max_value {max_value:g} into {k:.3g} steps, "
+                                                f"more than {MAX_STEPS:,} (the memo inputs' range)")
         return cls(name, epsilon, max_value, gran, table.get("gamma", float, 0.0, **config.GAMMA))
 
     def __post_init__(self) -> None:
@@ -149,6 +155,8 @@ class OneBitParams:
             k = self.max_value / s
             if abs(k - round(k)) > 1e-9 * k:
                 raise ValueError(f"protocol.granularity {s} must divide protocol.max_value {self.max_value}")
+            if k > MAX_STEPS:
+                raise ValueError(f"protocol.granularity {s} gives {k:.3g} steps, more than {MAX_STEPS}")
 
     @property
     def memoized(self) -> bool:

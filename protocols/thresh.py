@@ -198,12 +198,12 @@ class VotingCaps:
         the protocol's other fields read by ``own`` (after epoch_length, so that the first bad key named is
         the same as ever). Infeasible derived constants go through :meth:`feasible`: explicit when a, b or
         tau_scale is given."""
-        epsilon = config.epsilon(table)
+        epsilon = config.epsilon(table, total=True)
         rounds = ctx.rounds
         length = table.get("epoch_length", int, check=lambda v: 1 <= v <= rounds and rounds % v == 0,
                            what=f"a divisor of rounds ({rounds})")
         fields = own(table) if own is not None else {}
-        overrides = {k: table.get(k, float, None, check=config.positive, what="> 0") for k in ("a", "b")}
+        overrides = {k: config.optional_epsilon(table, k) for k in ("a", "b")}  # the noise of a vote, an estimate
         tau_scale = table.get("tau_scale", float, None, check=config.positive, what="> 0")
         make: Any = cls  # a frozen dataclass deriving from this class
         params = make(
@@ -386,7 +386,7 @@ class ThreshParams(VotingCaps):
         return cls.from_voting_table(name, table, ctx)
 
     def __post_init__(self) -> None:
-        check_params(self.epsilon, self.max_value)
+        check_params(self.epsilon, self.max_value, total=True)
         self.check_caps()
         smallest = self.smallest_group or self.devices
         object.__setattr__(self, "derived", derived_constants(self.devices, self.groups, smallest, self.epochs,

@@ -28,7 +28,7 @@ from protocols.keyed import Purpose, stream_key
 from protocols.ledger import Charge
 from protocols.messages import ReportBatch
 from protocols.round_mechanism import NoRoundMechanism
-from protocols.tops import ToPS
+from protocols.tops import MAX_CANDIDATES, ToPS
 
 TOPS = "tops"
 CENTRAL_RELEASE = "central_release"
@@ -45,6 +45,7 @@ class TopsParams:
     rounds: int
     devices: int
     seed: int = 0
+    threshold_step: float = 1.0  # the spacing of theta's candidates {0, step, 2 step, ...} (1: the integers)
 
     kind = "stream"
     method = "tops"
@@ -64,11 +65,17 @@ class TopsParams:
 
     @classmethod
     def from_table(cls, name: str, table: "config.Table", ctx: "config.Context") -> "TopsParams":
-        """[protocol] keys: epsilon, threshold_epsilon, max_value, holdout."""
+        """[protocol] keys: epsilon, threshold_epsilon, max_value, holdout, threshold_step (default 1: theta
+        among the integers, as in the paper; at most 2^22 candidates up to max_value)."""
         epsilon = config.epsilon(table)
-        max_value = table.get("max_value", float, check=config.positive, what="> 0")
+        max_value = config.max_value(table)
+        step = table.get("threshold_step", float, 1.0, check=config.positive, what="> 0")
+        if max_value / step >= MAX_CANDIDATES - 1:
+            raise table.fail("threshold_step", f"{step:g}{' (the default)' if 'threshold_step' not in table.data else ''}"
+                                               f" gives {max_value / step:.3g} candidates up to max_value "
+                                               f"{max_value:g}; at most {MAX_CANDIDATES - 2:,}: set a larger step")
         return cls(name, epsilon, config.epsilon(table, "threshold_epsilon", epsilon), max_value,
-                   config.holdout_share(table, ctx.devices), ctx.rounds, ctx.devices, ctx.seed)
+                   config.holdout_share(table, ctx.devices), ctx.rounds, ctx.devices, ctx.seed, step)
 
     def __post_init__(self) -> None:
         check_params(self.epsilon, self.max_value)
@@ -149,7 +156,7 @@ class TopsCollector(ReportCollector):
         # per step at first), which pays off when a step's value is comparable to the noise; a round's sum over
         # many devices is 1e4-1e5 times the noise scale theta/eps here, so smoothing would only add error
         self.tops = ToPS(params.max_value, params.epsilon, params.threshold_epsilon, range_limit=params.rounds,
-                         seed=params.seed, smooth_levels=0)
+                         seed=params.seed, smooth_levels=0, threshold_step=params.threshold_step)
         self.history: list[tuple[int, float]] = []
         self.fallback = False  # theta = max_value because round 1 had no holdout value
 
@@ -180,9 +187,15 @@ class TopsCollector(ReportCollector):
 
     def _choose_threshold(self, holdout: np.ndarray) -> None:
         """NM-E on the holdout; with no holdout value at all (a tiny or lossy round 1), theta = max_value, a
-        choice that depends on no data (no truncation; the noise is the largest it can be)."""
+        choice that depends on no data (no truncation; the noise is the largest it can be).
+
+        The score constant's N - h counts the *values* a range query's truncation bias adds up, not the
+        steps of the released stream: each step here is the sum of a round's values over the population, so
+        N - h = R x n - h (the paper's stream has one value a step, n = 1). With N - h = R, as for a stream
+        of single values, a short run picked theta = 0 on any data (R <= 7 on POS) and released only zeros."""
         if holdout.size:
-            theta = self.tops.choose_threshold(holdout)
+            span = max(1, self.params.rounds * self.n_devices - holdout.size)
+            theta = self.tops.choose_threshold(holdout, span=span)
         else:
             theta = self.params.max_value
             self.tops.set_threshold(theta)

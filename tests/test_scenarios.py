@@ -147,6 +147,12 @@ BAD = [
     ("epsilon-zero", _set(("protocol", "epsilon"), 0), "protocol.epsilon"),
     ("epsilon-negative", _set(("protocol", "epsilon"), -1.0), "protocol.epsilon"),
     ("epsilon-inf", _set(("protocol", "epsilon"), math.inf), "protocol.epsilon"),
+    # where double precision stops computing the formulas (protocols/config.py EPSILON_RANGE, MAX_VALUE_RANGE)
+    ("epsilon-below-1e-6", _set(("protocol", "epsilon"), 1e-7), "protocol.epsilon"),
+    ("epsilon-above-10", _set(("protocol", "epsilon"), 10.5), "protocol.epsilon"),
+    ("max-value-above-1e15", _set(("protocol", "max_value"), 2e15), "protocol.max_value"),
+    ("max-value-below-1e-9", _set(("protocol", "max_value"), 1e-10), "protocol.max_value"),
+    ("granularity-2^32-steps", _set(("protocol", "granularity"), 86400 / 2**32), "protocol.granularity"),
     ("protocol-unknown", _set(("protocol", "name"), "rappor"), "protocol.name"),
     ("dist-unknown", _set(G0 + ("counter", "dist"), "poisson"), "population.groups[0].counter.dist"),
     ("uniform-high-below-low", _set(G1 + ("counter", "high"), 100), "population.groups[1].counter.high"),
@@ -596,3 +602,26 @@ def test_set_takes_a_key_as_error_messages_write_it() -> None:
     a = sch.load("quickstart", ["population.groups[0].counter.sd=123"])
     b = sch.load("quickstart", ["population.groups.0.counter.sd=123"])
     assert a.raw == b.raw and a.raw["population"]["groups"][0]["counter"]["sd"] == 123
+
+
+@pytest.mark.parametrize("name, sets, error", [
+    ("thresh_stable", ["protocol.epsilon=1001"], r"^protocol\.epsilon: must be a number in \[1e-06, 1000\]"),
+    ("thresh_stable", ["protocol.a=11"], r"^protocol\.a: must be a number in \[1e-06, 10\]"),
+    ("thresh_stable", ["protocol.b=1e-7"], r"^protocol\.b: must be a number in \[1e-06, 10\]"),
+    ("tops_pos", ["protocol.max_value=1e15"], r"^protocol\.threshold_step: 1 \(the default\) gives 1e\+15"),
+    ("topl_pos", ["protocol.threshold_epsilon=12"], r"^protocol\.threshold_epsilon: must be a number in \[1e-06, 10\]"),
+])
+def test_a_parameter_beyond_what_doubles_compute_is_one_line_naming_it(name, sets, error):
+    """Totals (THRESH and its baselines divide them) may reach 1000, but every mechanism's own epsilon stays
+    in [1e-6, 10]; ToPS's default candidate step cannot cover a max_value of 1e15."""
+    load(name)  # valid as shipped
+    with pytest.raises(ScenarioError, match=error):
+        load(name, sets)
+
+
+def test_each_epochs_share_of_a_total_epsilon_is_in_range():
+    """epochrr spends its total evenly over the epochs: 1e-5 over 364 epochs is 2.7e-8 an epoch, below 1e-6."""
+    data = {**load("thresh_stable").raw, "protocol": {"name": "epochrr", "epsilon": 1e-5, "epoch_length": 1}}
+    with pytest.raises(ScenarioError, match=r"^protocol: protocol\.epsilon 1e-05 over 364 epochs is 2\.75e-08"):
+        parse(data)
+    parse({**data, "protocol": {"name": "epochrr", "epsilon": 1e-3, "epoch_length": 1}})  # 2.7e-6 an epoch: fine

@@ -129,7 +129,7 @@ class LosueParams:
         epsilon = config.epsilon(table)
         eps_1 = table.get("eps_1", float, check=lambda v: 0 < v < epsilon,
                           what=f"a number in (0, epsilon = {epsilon:g}) (one report's guarantee, below eps_perm)")
-        max_value = table.get("max_value", float, check=config.positive, what="> 0")
+        max_value = config.max_value(table)
         k = table.get("buckets", int, check=lambda v: 2 <= v <= MAX_BUCKETS, what=f"an integer in [2, {MAX_BUCKETS}]")
         return cls(LOSUE, epsilon, eps_1, max_value, k)
 
