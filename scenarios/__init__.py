@@ -7,7 +7,7 @@ Importing the package imports none of its modules; import the one you need
 - ``schema``: scenario files (TOML), ``--set`` overrides and strict validation;
 - ``runner``: a run in simulated time (SimPy); ``parallel``, ``ray_engine``: its cohorts in worker processes or
   Ray actors; ``pipes``: the msgpack frames the run's process exchanges with its child processes; ``live``,
-  ``journal``: live runs over TCP and their crash-safe journals;
+  ``journal``: live runs over TCP and their crash-safe journals; ``jsonout``: strict JSON (no NaN, no Infinity);
 - ``output``, ``tables``, ``plots``, ``plot_process``, ``metrics``, ``accounting``: the run directory: summary,
   tables, pictures (drawn by a process of their own for large runs), error metrics, (eps, delta) accounting;
 - ``audit``: ``ldpsim audit``, replaying devices through protocols/reference.py's one-device models;
@@ -19,6 +19,6 @@ Importing the package imports none of its modules; import the one you need
 """
 
 __all__ = [
-    "accounting", "allocator", "attacks", "audit", "cli", "compare", "conformance", "journal", "live", "metrics", "output", "parallel",
+    "accounting", "allocator", "attacks", "audit", "cli", "compare", "conformance", "journal", "jsonout", "live", "metrics", "output", "parallel",
     "pipes", "plot_process", "plots", "privacy_audit", "ray_engine", "runner", "schema", "sweep", "sweep_worker", "tables",
 ]

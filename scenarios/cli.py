@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from agents.behavior import BehaviorError
-from scenarios import allocator
+from scenarios import allocator, jsonout
 from scenarios.schema import ScenarioError, load
 
 
@@ -138,7 +138,7 @@ def cmd_run(args: argparse.Namespace) -> int:
           f"{summary['messages']['rejected']}; "
           f"{summary['wall_seconds']:.2f} s", file=sys.stderr if args.json else sys.stdout)
     if args.json:  # stdout holds summary.json alone, for a pipe into a JSON reader
-        print(json.dumps(summary, indent=2))
+        print(jsonout.dumps(summary, indent=2))
     return 0
 
 

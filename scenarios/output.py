@@ -27,7 +27,7 @@ from scenarios import attacks
 from scenarios.metrics import error_summary, range_mse, range_queries, round_metrics
 from scenarios.runner import RunResult, bucket_width
 from scenarios import tables
-from scenarios import accounting
+from scenarios import accounting, jsonout
 from scenarios.tables import atomic_path
 
 if TYPE_CHECKING:
@@ -43,7 +43,8 @@ def _fmt(col: np.ndarray | Sequence) -> list[str]:
         return list(map(str, a.astype(np.int64).tolist()))
     if a.dtype.kind == "f":
         return list(map(repr, a.astype(np.float64).tolist()))
-    return list(map(str, a.tolist()))
+    # mixed columns (a figure only some rounds have): None is an empty cell, which CSV readers take as missing
+    return ["" if v is None else repr(v) if isinstance(v, float) else str(v) for v in a.tolist()]
 
 
 def write_csv(path: Path, header: Sequence[str], columns: Sequence[np.ndarray | Sequence]) -> None:
@@ -545,5 +546,10 @@ def write_run_dir(result: RunResult, out: Path, ledger_rows: bool = True, transc
     s["files"] = {**table_files, **files, **eps_delta, **attack_files}
     s["write_seconds"] = {"total": round(time.perf_counter() - start, 4), "files": {**table_seconds, **seconds},
                           "computed": computed}
-    _write_text(out / "summary.json", json.dumps(s, indent=2) + "\n")
+    clean, non_finite = jsonout.finite(s)
+    if non_finite:  # strict JSON has no NaN or infinity: each is null in the file, and named here
+        s["non_finite"] = clean["non_finite"] = {
+            "values": non_finite, "meaning": "these figures are null in this file: not finite (nan: undefined, "
+                                             "inf: unbounded or infeasible)"}
+    _write_text(out / "summary.json", json.dumps(clean, indent=2, allow_nan=False) + "\n")
     return s

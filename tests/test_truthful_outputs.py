@@ -82,3 +82,20 @@ def test_every_protocol_survives_a_run_where_almost_nothing_arrives(name: str) -
     s = output.summary(runner.run(sc))
     assert s["reports"]["sent"] == s["reports"]["delivered"] + s["reports"]["lost"]
     assert s["privacy"]["within_guarantee"]
+
+
+def _strict(constant: str) -> None:
+    raise ValueError(f"summary.json holds {constant}, which strict JSON readers reject")
+
+
+def test_summary_json_is_strict_json_and_names_each_figure_that_is_not_finite(tmp_path, capsys) -> None:
+    """THRESH's derived vote noise a is infinite at 100 devices (its denominator is negative): summary.json
+    and ``--json`` write null there (RFC 8259 has no Infinity) and ``non_finite`` says that it was inf."""
+    out = tmp_path / "run"
+    args = ["run", "thresh_stable", "--out", str(out), "--quiet", "--json", "--set", "population.devices=100",
+            "--set", "rounds=28"]
+    assert cli.main(args) == 0
+    for text in (capsys.readouterr().out, (out / "summary.json").read_text()):
+        s = json.loads(text, parse_constant=_strict)
+        assert s["parameters"]["derived"]["a"] is None
+        assert s["non_finite"]["values"] == {"parameters.derived.a": "inf"}

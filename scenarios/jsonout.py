@@ -1,0 +1,44 @@
+"""Strict JSON out: RFC 8259 has no NaN or infinity, and Python's ``json`` writes them as bare ``NaN`` and
+``Infinity``, which most other readers (jq, JavaScript, pandas' strict mode, Go) reject.
+
+:func:`finite` replaces each non-finite float by ``null`` and says where it was, so a file can record what
+the null stands for (summary.json's ``non_finite``) instead of passing an unknown off as a number.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+__all__ = ["finite", "dumps"]
+
+
+def _label(x: float) -> str:
+    return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
+
+
+def finite(obj: Any, where: str = "") -> tuple[Any, dict[str, str]]:
+    """``obj`` (dicts, lists, tuples, scalars) with every NaN or infinite float as None, and a dict from each
+    such value's dotted path (``parameters.derived.a``, ``rounds[3].theta``) to ``"nan"``, ``"inf"`` or
+    ``"-inf"``."""
+    found: dict[str, str] = {}
+
+    def walk(o: Any, path: str) -> Any:
+        if isinstance(o, float):
+            if math.isfinite(o):
+                return o
+            found[path] = _label(o)
+            return None
+        if isinstance(o, dict):
+            return {k: walk(v, f"{path}.{k}" if path else str(k)) for k, v in o.items()}
+        if isinstance(o, (list, tuple)):
+            return [walk(v, f"{path}[{i}]") for i, v in enumerate(o)]
+        return o
+
+    return walk(obj, where), found
+
+
+def dumps(obj: Any, **kwargs: Any) -> str:
+    """``json.dumps`` of :func:`finite`'s copy of ``obj``: never a bare NaN or Infinity."""
+    return json.dumps(finite(obj)[0], allow_nan=False, **kwargs)
