@@ -223,26 +223,33 @@ def _check_bounded(*pairs: DiscretePair) -> None:
             raise ValueError("envelopes need pairs without infinite privacy loss")
 
 
-def pair_from_curve(alphas: np.ndarray, values: np.ndarray, inputs: str, derivation: str) -> DiscretePair:
+def pair_from_curve(alphas: np.ndarray, values: np.ndarray, inputs: str, derivation: str,
+                    q_only: float | None = None) -> DiscretePair:
     """The discrete pair whose H_alpha(P||Q) is the piecewise-linear convex curve through (alphas, values).
 
     ``alphas`` start at 0 with value 1 and end where the curve reaches 0 (it stays 0 after). If the slope
     jumps by j at alpha_k, the pair has an output with Q = j and P = alpha_k j (likelihood ratio alpha_k);
     the rest of Q, 1 + (slope at 0), sits on an output P cannot produce. Then
-    H_alpha = sum_k j_k (alpha_k - alpha)_+ is the given curve, sum P = H_0 = 1 and sum Q = 1."""
+    H_alpha = sum_k j_k (alpha_k - alpha)_+ is the given curve, sum P = H_0 = 1 and sum Q = 1. ``q_only``:
+    that rest when the caller knows it exactly (the slope at 0 of a curve whose first segment is 1e-9 long
+    is rounding noise of 1e-8)."""
     x = np.asarray(alphas, dtype=np.float64)
     h = np.asarray(values, dtype=np.float64)
     if x[0] != 0.0 or abs(h[0] - 1.0) > _SUM_TOL or abs(h[-1]) > 1e-12 or np.any(np.diff(x) <= 0):
         raise ValueError("a curve must start at (0, 1), increase in alpha and end at value 0")
-    slopes = np.append(np.diff(h) / np.diff(x), 0.0)
+    dx = np.diff(x)
+    slopes = np.append(np.diff(h) / dx, 0.0)
     jumps = np.diff(slopes)  # at x[1:]
-    if np.any(jumps < -1e-12):
+    # a slope over a short segment carries the rounding of its two values (<= 1) divided by its length: at
+    # eps = 10 segments of 1e-5 give slopes off by 1e-11, and the jump between two of them by as much
+    noise = 8 * np.finfo(np.float64).eps / dx
+    if np.any(jumps < -(1e-12 + noise + np.append(noise[1:], 0.0))):
         raise ValueError("the curve is not convex")
     jumps = np.maximum(jumps, 0.0)
     keep = jumps > 0
     ratios = x[1:][keep]
     qs, ps = jumps[keep], ratios * jumps[keep]
-    q0 = 1.0 + slopes[0]
+    q0 = 1.0 + slopes[0] if q_only is None else q_only
     # Rounding noise at (nearly) collinear points leaves outputs with P and Q both below _JUMP_TOL. Each is
     # merged into the output with the next larger ratio r': (P, Q) -> (P, P/r') there, and Q - P/r' to the
     # output P cannot produce. Its term P (1 - alpha/r')_+ is at least (P - alpha Q)_+: still dominating.
@@ -313,4 +320,11 @@ def upper_envelope(a: DiscretePair, b: DiscretePair, inputs: str, derivation: st
     y = np.maximum(a.hockey_stick(x), b.hockey_stick(x))
     y[0] = 1.0
     y[-1] = 0.0  # the largest ratio of either pair: both curves are exactly 0 there
-    return pair_from_curve(x, y, inputs, derivation)
+    # near alpha = 0, H = 1 - alpha (1 - Q(P = 0)): the maximum follows the pair with more Q where P is 0
+    return pair_from_curve(x, y, inputs, derivation, q_only=max(_q_only(a), _q_only(b)))
+
+
+def _q_only(pair: DiscretePair) -> float:
+    """Q's mass on the outputs P cannot produce."""
+    p, q = pair.arrays()
+    return float(q[p == 0].sum())

@@ -18,7 +18,9 @@ reads eps(delta) after every round for delta = 1e-6 and 1e-9, beside the basic-c
   * otherwise (the 1BitMulti envelope for c >= 3; ToPL when a threshold round's envelope bends off the
     lattice) interval eps_round/1000, eps_round the smallest per-round pure eps: each round's losses move up by
     less than one interval, so after t rounds eps(delta) is at most t x interval (0.1% of basic composition)
-    above the exact figure for the dominating pairs.
+    above the exact figure for the dominating pairs;
+  * no grid puts the largest loss more than ``MAX_LATTICE_STEPS`` intervals out: rounds whose pure eps differ
+    10^7-fold (1e-6 and 10) get the interval largest loss/1e5 instead of a unit or a thousandth of 1e-6.
   A loss within 1e-9 intervals above a grid point is rounded down to it (float noise in ln(p/q) would
   otherwise cost a whole interval); the reported eps adds t x 1e-9 x interval back, so it stays an upper bound.
 
@@ -48,6 +50,7 @@ TAIL_TRUNCATION = 1e-15  # dp-accounting's default: mass cut from the tails per 
 LAPLACE_STEPS = 100  # Laplace: interval = eps/100 (connect the dots)
 FINE_STEPS = 1000  # pairs off a lattice: interval = eps_round/1000
 LATTICE_TOL = 1e-9  # losses within this (relative) of integer multiples of the unit are on the lattice
+MAX_LATTICE_STEPS = 100_000  # no grid (lattice or fine) puts the largest loss more intervals than this out
 ROUND_SLACK = 1e-9  # in intervals: float noise allowed below a grid point before rounding up past it
 MAX_ROUNDS = 5_000  # a run's summary skips the accountant beyond this (5,000 rounds of 1BitMean: about 7 s)
 MAX_FINE_ROUNDS = 1_000  # the same on a fine grid (1,000 rounds of 1BitMulti with c = 3: about 20 s)
@@ -156,13 +159,18 @@ def choose_discretization(mechanisms: list[RoundMechanism] | tuple[RoundMechanis
     losses = np.concatenate([_finite_losses(m) for m in distinct])
     top = float(np.max(np.abs(losses)))
     nonzero = np.abs(losses)[np.abs(losses) > 1e-12 * top]
-    if nonzero.size:
+    if nonzero.size and top / float(nonzero.min()) <= MAX_LATTICE_STEPS:  # else a dense grid of 1e9 points
         unit = float(nonzero.min())
         ratio = nonzero / unit
         if np.all(np.abs(ratio - np.round(ratio)) <= LATTICE_TOL * np.maximum(1.0, ratio)):
             return Discretization(unit, True, "every loss is a multiple of the interval: exact")
-    return Discretization(smallest / FINE_STEPS, False,
-                          f"eps_round/{FINE_STEPS}, pessimistic rounding up: after t rounds at most "
+    if smallest / FINE_STEPS >= top / MAX_LATTICE_STEPS:
+        return Discretization(smallest / FINE_STEPS, False,
+                              f"eps_round/{FINE_STEPS}, pessimistic rounding up: after t rounds at most "
+                              f"t x interval above the exact value")
+    # rounds of very different eps (1e-6 and 10): the smallest's thousandth would be 1e10 points a round
+    return Discretization(top / MAX_LATTICE_STEPS, False,
+                          f"largest loss/{MAX_LATTICE_STEPS:,}, pessimistic rounding up: after t rounds at most "
                           f"t x interval above the exact value")
 
 

@@ -319,6 +319,29 @@ def test_envelopes_bound_the_right_way() -> None:
     assert high.max_loss == pytest.approx(1.7)
 
 
+@pytest.mark.parametrize("eps, threshold_eps", [(5.0, 1.0), (8.0, 8.0), (10.0, 10.0), (10.0, 1.0), (1.0, 10.0)])
+def test_the_topl_threshold_round_envelope_holds_across_the_epsilon_range(eps: float, threshold_eps: float) -> None:
+    """At eps = 10 the envelope's segments near alpha = 0 are 1e-5 long, and rounding moved their slopes by
+    1e-11: the convexity check must allow rounding over short segments (it refused at eps = 10 before), and
+    the slope at 0, -1 exactly, must not leave an infinite-loss output of rounding noise. The result still
+    dominates both pairs up to rounding, and the accountant's grid stays small."""
+    hm, sw = hm_pair(eps), sw_pair(threshold_eps)
+    high = upper_envelope(hm, sw, "x", "d")
+    grid = np.exp(np.linspace(-25, 25, 2001))
+    rounding = 1e-12 + 1e-15 * grid  # H_alpha = sum (P - alpha Q)+ carries alpha x Q's rounding
+    assert np.all(high.hockey_stick(grid) >= np.maximum(hm.hockey_stick(grid), sw.hockey_stick(grid)) - rounding)
+    assert high.max_loss == pytest.approx(max(eps, threshold_eps), rel=1e-6)
+    d = accounting.choose_discretization([high, hm])
+    assert max(eps, threshold_eps) / d.interval <= accounting.MAX_LATTICE_STEPS
+
+
+def test_a_lattice_of_tiny_units_is_not_taken_for_exact() -> None:
+    """Losses of 1e-6 and 10 are multiples of 1e-6 within the lattice tolerance (1e-9 of 1e7), but a grid of
+    1e7 points a round (2e7 after two rounds, dense) is not what "exact" should cost: the fine grid instead."""
+    d = accounting.choose_discretization([randomized_response(1e-6, "x", "d"), randomized_response(10.0, "x", "d")])
+    assert not d.exact and 10.0 / d.interval <= accounting.MAX_LATTICE_STEPS
+
+
 # ------------------------------------------------------------------------------------------- the accountant
 def _rr_delta(eps: float, eps0: float, count: int) -> float:
     """Exact delta(eps) of ``count``-fold randomized response at eps0: the privacy loss is (count - 2i) eps0
