@@ -188,7 +188,8 @@ class ToplParams:
         """ToPL's part of summary.json: the thresholds chosen, each beside the oracle's (from the true values),
         and the event-level accounting. ``rounds`` are the run's round records (``round``, ``info``)."""
         return {
-            "threshold": [{"round": r.round, "theta": r.info.get("theta"), "oracle_theta": r.info["oracle_theta"]}
+            "threshold": [{"round": r.round, "theta": r.info.get("theta"), "oracle_theta": r.info["oracle_theta"],
+                           "pruned_share": r.info.get("pruned_share")}
                           for r in rounds if "oracle_theta" in r.info],
         "event_level": {"epsilon_per_report": self.epsilon, "threshold_epsilon": self.threshold_epsilon,
                         "cumulative_per_device": "see epsilon: each report is charged its epsilon"}}
@@ -212,7 +213,7 @@ class ToplParams:
 
     #: an example [protocol] table per name this class runs (ldpsim privacy-audit NAME, the conformance tests)
     #: estimates.csv's per-round columns beyond the common ones: round info key, value when missing
-    round_columns = (("theta", None), ("holdout_reports", 0))
+    round_columns = (("theta", None), ("holdout_reports", 0), ("pruned_share", None))
     examples = {'topl': {'epsilon': 1.0, 'threshold_epsilon': 1.0, 'max_value': 1.0, 'holdout': 0.05, 'rethreshold_every': 0, 'method': 'sw-w'}}
 
     @classmethod
@@ -221,7 +222,7 @@ class ToplParams:
         method, bins, objective ("paper" or "authors", :func:`range_mse`), integer (true: integer data on
         unit-width bins, bins == max_value; :func:`support_points`)."""
         epsilon = config.epsilon(table)
-        max_value = table.get("max_value", float, check=config.positive, what="> 0")
+        max_value = config.max_value(table)
         share = config.holdout_share(table, ctx.devices)
         rounds = ctx.rounds
         on_demand = table.get("rethreshold_at", list, [], check=lambda v: all(
@@ -418,6 +419,7 @@ class ToplCollector(StagedCollector):
         self.oracle_values: np.ndarray | None = None  # method "oracle": the round's true values (reference)
         self._m: np.ndarray | None = None
         self._holdout_reports = 0
+        self._pruned: float | None = None  # the share of EM's mass SW-W moved choosing this round's theta
         self.pinned: dict[int, float] = {}  # version -> theta already broadcast (by an earlier instance)
 
     def pin_threshold(self, version: int, theta: float) -> None:
@@ -437,7 +439,8 @@ class ToplCollector(StagedCollector):
                 "history_thetas": np.array([t for _, t in self.history], dtype=np.float64),
                 "pinned_versions": np.array(sorted(self.pinned), dtype=np.int64),
                 "pinned_thetas": np.array([self.pinned[v] for v in sorted(self.pinned)], dtype=np.float64),
-                "holdout_reports": int(self._holdout_reports)}
+                "holdout_reports": int(self._holdout_reports),
+                "pruned_share": math.nan if self._pruned is None else float(self._pruned)}
 
     def extra_restore(self, state: dict) -> None:
         versions = snap.array(state, "versions", np.int64, (None,))
@@ -452,6 +455,8 @@ class ToplCollector(StagedCollector):
         self.pinned = dict(zip(pinned.tolist(), snap.array(state, "pinned_thetas", np.float64, pinned.shape).tolist()))
         self.round = snap.field(state, "round", int)
         self._holdout_reports = snap.field(state, "holdout_reports", int)
+        pruned = snap.field(state, "pruned_share", float) if "pruned_share" in state else math.nan  # older journals
+        self._pruned = None if math.isnan(pruned) else pruned
         if state.get("open_stage") and not (self.params.threshold_round(self.round) and self.history
                                             and self.history[-1][0] == self.round):
             raise snap.SnapshotError("topl snapshot with the report stage open but no threshold chosen this round")
@@ -473,25 +478,36 @@ class ToplCollector(StagedCollector):
 
     def density(self, s: np.ndarray) -> np.ndarray:
         """The value density over ``bins`` bins of [0, max_value] from SW reports (EM; SW-W or EMS)."""
+        return self._density(s)[0]
+
+    def _density(self, s: np.ndarray) -> tuple[np.ndarray, float]:
+        """:meth:`density` and the share of EM's mass SW-W's pruning moved (0 for EMS): on data that is not
+        skewed towards 0 the pruning cuts inside the support (numeric.sw_w_prune), and this says how much."""
         p = self.params
         if self._m is None:
             self._m = numeric.sw_transition_matrix(p.threshold_epsilon, p.bins, p.bins)
         b = numeric.sw_b(p.threshold_epsilon)
         counts = np.histogram(s, bins=p.bins, range=(-b, 1 + b))[0].astype(np.float64)
         theta, _ = numeric.em_estimate(counts, self._m, smoothing=p.method == "ems")
-        return numeric.sw_w_prune(theta) if p.method == "sw-w" else theta
+        if p.method != "sw-w":
+            return theta, 0.0
+        pruned = numeric.sw_w_prune(theta)
+        return pruned, float(np.abs(pruned - theta).sum() / 2 / theta.sum())
 
     def on_stage_closed(self, stage: str, result: RoundResult, deadline: float) -> tuple[str, Threshold]:
         """The holdout closed: estimate the density, choose theta (a pinned one if resumed) and broadcast it."""
         p = self.params
         assert isinstance(result.estimate, dict)  # a Stage's reports by column
         self._holdout_reports = result.reports
+        moved: float | None = None  # no SW-W pruning this round (method, or no holdout report)
         if p.method == "oracle" and self.oracle_values is not None:
             dens = np.histogram(self.oracle_values, bins=p.bins, range=(0, p.max_value))[0].astype(np.float64)
         elif result.reports:
-            dens = self.density(result.estimate["s"])
+            dens, share = self._density(result.estimate["s"])
+            moved = share if p.method == "sw-w" else None
         else:
             dens = np.ones(p.bins)
+        self._pruned = moved
         version = len(self.thetas) + 1
         theta = self.pinned.get(version)
         if theta is None:
@@ -511,8 +527,8 @@ class ToplCollector(StagedCollector):
         else:
             est = math.nan
         info = {"theta": self.history[-1][1] if self.history else math.nan,
-                "holdout_reports": self._holdout_reports}
-        self._holdout_reports = 0
+                "holdout_reports": self._holdout_reports, "pruned_share": self._pruned}
+        self._holdout_reports, self._pruned = 0, None
         return RoundResult(round=self.round, estimate=est, reports=result.reports, info=info)
 
 

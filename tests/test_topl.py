@@ -191,3 +191,24 @@ def test_estimates_csv_gives_the_upper_bound_theory_sd_and_tops_none(tmp_path) -
     output.write_run_dir(runner.run(sc), tmp_path / "tops")
     rows = list(csv.DictReader(open(tmp_path / "tops" / "estimates.csv", encoding="utf-8")))
     assert [r["theory_sd"] for r in rows] == ["nan", "nan"]
+
+
+@pytest.mark.parametrize("method", ["sw-w", "ems"])
+def test_estimates_csv_says_how_much_sw_w_pruning_moved(tmp_path, method: str) -> None:
+    """SW-W's pruning assumes data skewed towards 0. On values uniform on [0, 100] the EM density is spread
+    over the whole domain (about 1% a unit), and pruning at the first run of 5 sub-floor bins keeps only the
+    lowest few bins: most of the mass moves, and pruned_share says so (0.5 would be half the domain). EMS
+    prunes nothing: the cell is empty, as in the rounds that chose no threshold."""
+    import csv
+
+    data = {"name": "uniform", "seed": 3, "rounds": 2,
+            "population": {"devices": 6000, "groups": [{"name": "g", "share": 1.0,
+                                                        "counter": {"dist": "uniform", "low": 0, "high": 100}}]},
+            "protocol": {"name": "topl", "epsilon": 1.0, "max_value": 100, "holdout": 0.3, "method": method}}
+    output.write_run_dir(runner.run(schema.parse(data)), tmp_path / "run")
+    rows = list(csv.DictReader(open(tmp_path / "run" / "estimates.csv", encoding="utf-8")))
+    assert rows[1]["pruned_share"] == ""
+    if method == "ems":
+        assert rows[0]["pruned_share"] == ""
+        return
+    assert float(rows[0]["pruned_share"]) > 0.5 and float(rows[0]["theta"]) < 50
