@@ -256,6 +256,7 @@ def cmd_live(args: argparse.Namespace) -> int:
     from scenarios import live, output
 
     scenario = load(args.scenario, args.set)
+    _check_connections(args.connections, scenario.devices, 2)  # both ends of each connection are in this process
     settings, client_tls = _settings(args), _client_tls(args)  # a bad secret or certificate: before any file
     out = _live_out(args, scenario.name, "live")
     _network_note(scenario)
@@ -374,6 +375,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
 
     if args.out:
         journal.refuse_finished_state(args.out, int(index), int(count))
+    _check_connections(args.connections, shard(scenario.devices, int(index) - 1, int(count)).size, 1)
 
     print(f"ldpsim: shard {index}/{count}: {shard(scenario.devices, int(index) - 1, int(count)).size:,} devices "
           f"connecting to {args.connect} over {args.connections} connection(s) (giving up after "
@@ -438,6 +440,19 @@ def _count(text: str) -> int:
     if n < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
     return n
+
+
+def _check_connections(connections: int, devices: int, fds_each: int) -> None:
+    """``--connections`` that this process can open, each carrying at least one device: a ScenarioError
+    naming the limit otherwise (a connection per device past the open-file limit failed mid-run)."""
+    from collector.server import fd_ceiling
+
+    if connections > devices:
+        raise ScenarioError(f"--connections: {connections:,} is more than the {devices:,} device(s) they would carry")
+    ceiling = fd_ceiling() // fds_each
+    if connections > ceiling:
+        raise ScenarioError(f"--connections: {connections:,} needs {connections * fds_each:,} open files; this "
+                            f"process may open about {ceiling * fds_each:,} (ulimit -n)")
 
 
 def _seconds(text: str, zero: bool = False) -> float:

@@ -503,3 +503,31 @@ def test_the_readme_python_example_writes_a_run_directory_the_audit_accepts(tmp_
     assert any('"round_closed"' in line for line in (run_dir / "events.jsonl").open(encoding="utf-8"))
     capsys.readouterr()
     assert main(["audit", str(run_dir), "--json"]) == 0
+
+
+@pytest.mark.parametrize("command, connections, says", [
+    (["live", "quickstart"], "100000000", "is more than the 300 device(s) they would carry"),
+    (["devices", "quickstart", "--connect", "127.0.0.1:9"], "301", "is more than the 300 device(s) they would carry"),
+])
+def test_connections_beyond_the_devices_or_the_open_file_limit_are_one_line(tmp_path, capsys, command, connections,
+                                                                          says) -> None:
+    """A hundred million connections built a hundred million shards before anything ran; past the open-file
+    limit the sockets failed mid-run. Both are refused before any file or socket."""
+    args = [*command, "--connections", connections, "--set", "population.devices=300", "--quiet", "--out",
+            str(tmp_path / "out")]
+    if command[0] == "devices":
+        args.remove("--quiet")
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"ldpsim: error: --connections: {int(connections):,} {says}"
+    assert not (tmp_path / "out").exists()
+
+
+def test_connections_beyond_the_open_file_limit_are_one_line(tmp_path, capsys, monkeypatch) -> None:
+    from collector import server
+
+    monkeypatch.setattr(server, "fd_ceiling", lambda: 192)  # ulimit -n 256
+    assert main(["live", "quickstart", "--connections", "200", "--set", "population.devices=300", "--quiet",
+                 "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.strip() == ("ldpsim: error: --connections: 200 needs 400 open files; this process "
+                                               "may open about 192 (ulimit -n)")
