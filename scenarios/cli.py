@@ -80,6 +80,7 @@ PLOT_PROCESS = 10_000_000
 
 def cmd_run(args: argparse.Namespace) -> int:
     scenario = load(args.scenario, args.set)
+    _check_memory(scenario.devices)
     for warning in scenario.warnings:
         print(f"ldpsim: warning: {warning}", file=sys.stderr)
     engine = None
@@ -256,6 +257,7 @@ def cmd_live(args: argparse.Namespace) -> int:
     from scenarios import live, output
 
     scenario = load(args.scenario, args.set)
+    _check_memory(scenario.devices)
     _check_connections(args.connections, scenario.devices, 2)  # both ends of each connection are in this process
     settings, client_tls = _settings(args), _client_tls(args)  # a bad secret or certificate: before any file
     out = _live_out(args, scenario.name, "live")
@@ -282,6 +284,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from scenarios import journal
 
     scenario = load(args.scenario, args.set)
+    _check_memory(scenario.devices)
     settings = _settings(args)
     out = _resume_dir(args) if args.resume else _live_out(args, scenario.name, "serve")
     bar: list = [None, lambda: None]  # (update, close): the progress bar, started with the rounds
@@ -371,13 +374,15 @@ def cmd_devices(args: argparse.Namespace) -> int:
         raise ScenarioError("--resume: the saved device state is in --out DIR; give it")
     from agents.client import GIVE_UP_AFTER, CollectorRefused
     from scenarios import journal
-    from scenarios.live import shard
+    from scenarios.live import shard_size
 
     if args.out:
         journal.refuse_finished_state(args.out, int(index), int(count))
-    _check_connections(args.connections, shard(scenario.devices, int(index) - 1, int(count)).size, 1)
+    held = shard_size(scenario.devices, int(index) - 1, int(count))
+    _check_memory(held, f"shard {index}/{count}")
+    _check_connections(args.connections, held, 1)
 
-    print(f"ldpsim: shard {index}/{count}: {shard(scenario.devices, int(index) - 1, int(count)).size:,} devices "
+    print(f"ldpsim: shard {index}/{count}: {held:,} devices "
           f"connecting to {args.connect} over {args.connections} connection(s) (giving up after "
           f"{GIVE_UP_AFTER:g} s without a collector there)", file=sys.stderr, flush=True)
     try:
@@ -440,6 +445,33 @@ def _count(text: str) -> int:
     if n < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
     return n
+
+
+#: the least memory a simulated device costs (1BitRRPM at 100M devices x 31 rounds peaked at 132 bytes a device)
+BYTES_PER_DEVICE = 100
+
+
+def _available_memory() -> int | None:
+    """MemAvailable from /proc/meminfo in bytes (None where there is none to read: not Linux)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _check_memory(devices: int, what: str = "population.devices") -> None:
+    """A population that cannot fit is refused before anything is allocated, rather than killed by the
+    kernel minutes later with nothing written: at least BYTES_PER_DEVICE a device against MemAvailable."""
+    available = _available_memory()
+    need = devices * BYTES_PER_DEVICE
+    if available is not None and need > available:
+        raise ScenarioError(f"{what}: {devices:,} devices need at least {need / 1e9:.3g} GB of memory "
+                            f"({BYTES_PER_DEVICE} bytes a device), and {available / 1e9:.3g} GB is available; run "
+                            f"fewer, or spread them over machines with ldpsim serve and ldpsim devices")
 
 
 def _check_connections(connections: int, devices: int, fds_each: int) -> None:

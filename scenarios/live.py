@@ -157,6 +157,11 @@ def shard(n: int, index: int, count: int) -> np.ndarray:
     return np.arange(n * index // count, n * (index + 1) // count, dtype=np.int64)
 
 
+def shard_size(n: int, index: int, count: int) -> int:
+    """How many devices :func:`shard` holds, without building it."""
+    return n * (index + 1) // count - n * index // count
+
+
 async def run_embedded(sc: Scenario, connections: int = 2, events: TextIO | None = None,
                        settings: LiveSettings | None = None, host: str = "127.0.0.1",
                        client_tls: ssl.SSLContext | None = None,

@@ -531,3 +531,20 @@ def test_connections_beyond_the_open_file_limit_are_one_line(tmp_path, capsys, m
                  "--out", str(tmp_path / "out")]) == 2
     assert capsys.readouterr().err.strip() == ("ldpsim: error: --connections: 200 needs 400 open files; this process "
                                                "may open about 192 (ulimit -n)")
+
+
+@pytest.mark.parametrize("command", [["run", "quickstart"], ["live", "quickstart"], ["serve", "quickstart"],
+                                     ["devices", "quickstart", "--connect", "127.0.0.1:9"]])
+def test_a_population_that_cannot_fit_in_memory_is_refused_up_front(tmp_path, capsys, monkeypatch, command) -> None:
+    """4 billion devices (the schema's limit) at 100 bytes each against the memory available: one line before
+    anything is allocated or written, not the kernel's OOM killer minutes into the run."""
+    from scenarios import cli
+
+    monkeypatch.setattr(cli, "_available_memory", lambda: 24 * 10**9)
+    assert main([*command, "--set", "population.devices=4294967295", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    what = "shard 1/1" if command[0] == "devices" else "population.devices"
+    assert err == (f"ldpsim: error: {what}: 4,294,967,295 devices need at least 429 GB of memory (100 bytes a "
+                   "device), and 24 GB is available; run fewer, or spread them over machines with ldpsim serve "
+                   "and ldpsim devices")
+    assert not (tmp_path / "out").exists()

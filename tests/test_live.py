@@ -296,3 +296,11 @@ def test_serve_and_device_shards_in_separate_processes(tmp_path) -> None:
     assert got["reports"]["accepted"] == sim["reports"]["accepted"] and "unknown" in got["reports"]
     assert not (tmp_path / "srv" / "spend.png").exists()
     assert not list((tmp_path / "srv").glob("spend*")) and not list((tmp_path / "srv").glob("ledger*"))
+
+
+def test_shard_size_is_the_size_of_the_shard() -> None:
+    from scenarios.live import shard, shard_size
+
+    for n, count in [(1, 1), (7, 3), (1000, 7), (12345, 10), (5, 8)]:
+        sizes = [shard_size(n, i, count) for i in range(count)]
+        assert sizes == [shard(n, i, count).size for i in range(count)] and sum(sizes) == n
