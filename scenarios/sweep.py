@@ -620,10 +620,28 @@ def _prepare(sweep: Sweep, out: Path, force: bool) -> None:
     _write_atomic(meta, json.dumps(mine, indent=2) + "\n")
 
 
+_FIGURE_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
+
+
+def _figure(v: Any) -> bool:
+    return v is None or isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
 def _readable_summary(summary: Any) -> bool:
-    """Whether a runs.jsonl line's summary has the shape results.csv reads (its error and epsilon figures as
-    objects)."""
-    return isinstance(summary, dict) and all(isinstance(summary.get(k, {}), dict) for k in ("error", "epsilon"))
+    """Whether a runs.jsonl line's summary has the shape results.csv reads, as a run writes it: error and
+    epsilon objects of numbers or nulls under short snake_case names (they become column and plot file names:
+    ``error_<name>.png``), devices an integer, protocol a string, wall_seconds a number. A line edited into
+    anything else is dropped and its run done again, rather than written through into results.csv or a path."""
+    if not isinstance(summary, dict):
+        return False
+    for key in ("error", "epsilon"):
+        part = summary.get(key, {})
+        if not (isinstance(part, dict) and all(isinstance(k, str) and _FIGURE_NAME.fullmatch(k) and _figure(v)
+                                               for k, v in part.items())):
+            return False
+    devices, protocol, wall = summary.get("devices"), summary.get("protocol"), summary.get("wall_seconds")
+    return (isinstance(devices, int) and not isinstance(devices, bool) and devices >= 1 and isinstance(protocol, str)
+            and _figure(wall))
 
 
 def load_records(sweep: Sweep, out: Path) -> dict[tuple[int, int], dict[str, Any]]:

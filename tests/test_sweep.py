@@ -724,8 +724,9 @@ def test_a_key_swept_beside_a_whole_table_is_checked_with_the_sets_on_top():
 
 
 def test_a_damaged_sweep_directory_resumes_or_is_refused_in_one_line(tmp_path, capsys):
-    """runs.jsonl of bytes that are not text, or a line whose summary results.csv cannot read, is dropped (and
-    rerun) rather than a traceback; a sweep.json that is no object is another sweep; a typo of a repeat count is
+    """runs.jsonl of bytes that are not text, or a line whose summary is not as a run writes it (figures of
+    other types, figure names that would be paths), is dropped (and rerun) rather than a traceback or a file
+    outside the directory; a sweep.json that is no object is another sweep; a typo of a repeat count is
     refused at once rather than planned for minutes."""
     out = tmp_path / "sw"
     argv = ["sweep", "quickstart", "--quiet", "--set", "population.devices=300", "--set", "rounds=2", "--repeat",
@@ -734,12 +735,18 @@ def test_a_damaged_sweep_directory_resumes_or_is_refused_in_one_line(tmp_path, c
     lines = (out / "runs.jsonl").read_text().splitlines()
     (out / "runs.jsonl").write_bytes(b"\xff\xfe\x00garbage\n" + lines[1].encode() + b"\n")
     assert main(argv) == 0 and "dropped 1 unreadable" in capsys.readouterr().err
-    for damaged in ("bad", None):
+    # edited figures: not objects, a string or a bool for a number, a name that would be a plot file's path
+    for damage in ({"error": "bad"}, {"error": None}, {"error": {"mean_abs": "x"}}, {"epsilon": {"max": True}},
+                   {"error": {"../../escape": 1.0}}, {"error": {"a/b": 1.0}}, {"devices": "300"},
+                   {"wall_seconds": [1]}, {"epsilon": None}):
         bad = json.loads(lines[0])
-        bad["summary"]["error"] = damaged
+        bad["summary"].update(damage)
         (out / "runs.jsonl").write_text(json.dumps(bad) + "\n" + lines[1] + "\n")
         assert main(argv) == 0 and "dropped 1 unreadable" in capsys.readouterr().err
         assert len((out / "runs.jsonl").read_text().splitlines()) == 2
+        assert {p.name for p in out.glob("error_*.png")} == {f"error_{k}.png" for k in json.loads(lines[1])[
+            "summary"]["error"]}  # the figures of the run that was not edited
+        assert not list(tmp_path.glob("*.png")) and not (out / "error_a").exists()
     (out / "sweep.json").write_text("[]")
     assert main(argv) == 2 and "holds a different sweep" in capsys.readouterr().err
     with pytest.raises(ScenarioError, match=r"^2,000,000,000 runs .* exceed the limit of 10,000,000"):
