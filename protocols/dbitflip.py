@@ -93,6 +93,13 @@ class DBitFlipParams:
     kind = "histogram"
 
     #: an example [protocol] table per name this class runs (ldpsim privacy-audit NAME, the conformance tests)
+    #: ``ldpsim protocols``' line for each name this class runs
+    summaries = {"dbitflip": "dBitFlip (Ding, Kulkarni, Yekhanin, NIPS 2017): histograms over k buckets, d sampled "
+                             "buckets' bits randomized afresh every round.",
+                 "dbitflippm": "dBitFlipPM (Ding et al. 2017): dBitFlip with permanent memoization of each bucket's "
+                               "response, optionally output perturbation (gamma).",
+                 "binflip": "BinFlip (Ding et al. 2017): dBitFlip with d = k, every bucket's bit randomized afresh "
+                            "every round."}
     examples = {'dbitflip': {'epsilon': 1.0, 'max_value': 1.0, 'buckets': 8, 'bits': 2}, 'dbitflippm': {'epsilon': 1.0, 'max_value': 1.0, 'buckets': 8, 'bits': 2}, 'binflip': {'epsilon': 1.0, 'max_value': 1.0, 'buckets': 8}}
 
     report_family = "bitflip"  # how run-time attack metrics read the reports (scenarios/attacks.py)

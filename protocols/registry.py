@@ -68,10 +68,12 @@ class Registered:
 
     @property
     def summary(self) -> str:
-        """The first paragraph of the parameter class's module docstring (what the protocol is), else of the
-        class's, on one line: whole up to :data:`SUMMARY_CHARS`, else cut at a word with "..." (never mid-word)."""
+        """The class's ``summaries[name]`` if it has one (a class that runs several protocols), else the first
+        paragraph of its module's docstring (what the protocol is), else of its own, on one line: whole up to
+        :data:`SUMMARY_CHARS`, else cut at a word with "..." (never mid-word)."""
         module = importlib.import_module(self.params.__module__)
-        for doc in (module.__doc__, self.params.__doc__):
+        own = getattr(self.params, "summaries", {})
+        for doc in (own.get(self.name) if isinstance(own, dict) else None, module.__doc__, self.params.__doc__):
             if doc and doc.strip():
                 text = " ".join(doc.strip().split("\n\n")[0].split())
                 if len(text) <= SUMMARY_CHARS:

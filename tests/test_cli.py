@@ -548,3 +548,14 @@ def test_a_population_that_cannot_fit_in_memory_is_refused_up_front(tmp_path, ca
                    "device), and 24 GB is available; run fewer, or spread them over machines with ldpsim serve "
                    "and ldpsim devices")
     assert not (tmp_path / "out").exists()
+
+
+def test_protocols_lists_each_protocol_with_a_line_of_its_own(capsys) -> None:
+    """Classes that run several protocols (1bitmean and 1bitrrpm, dbitflip/dbitflippm/binflip) used to show
+    their module's line under every name: each name now says what it is."""
+    assert main(["protocols", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    lines = [r["summary"] for r in rows]
+    assert len(set(lines)) == len(lines) and all(lines)
+    by = {r["name"]: r["summary"] for r in rows}
+    assert by["1bitrrpm"].startswith("1BitRRPM") and by["binflip"].startswith("BinFlip")
