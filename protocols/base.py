@@ -35,13 +35,20 @@ def check_params(epsilon: float, max_value: float, gamma: float = 0.0, total: bo
         raise ValueError(f"protocol.gamma must be in [0, 0.5), got {gamma}")
 
 
-def check_epoch_epsilon(epsilon: float, epochs: int) -> None:
+def epoch_epsilon_problem(epsilon: float, epochs: int) -> str | None:
     """A total epsilon spread evenly over ``epochs`` epochs: each epoch's share is a privacy parameter too, so
-    it must stay in range (ValueError naming the scenario key)."""
+    it must stay in range; what is wrong with it, or None."""
     low, high = config.EPSILON_RANGE
     if epochs >= 1 and not low <= epsilon / epochs <= high:
-        raise ValueError(f"protocol.epsilon {epsilon:g} over {epochs} epochs is {epsilon / epochs:.3g} an epoch, "
-                         f"outside [{low:g}, {high:g}]")
+        return f"{epsilon:g} over {epochs} epochs is {epsilon / epochs:.3g} an epoch, outside [{low:g}, {high:g}]"
+    return None
+
+
+def check_epoch_epsilon(epsilon: float, epochs: int) -> None:
+    """:func:`epoch_epsilon_problem` as a ValueError naming the scenario key."""
+    problem = epoch_epsilon_problem(epsilon, epochs)
+    if problem:
+        raise ValueError(f"protocol.epsilon {problem}")
 
 
 class ProtocolError(ValueError):

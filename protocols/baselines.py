@@ -97,10 +97,10 @@ class KFlipParams:
 
     kind = "histogram"
 
-    #: an example [protocol] table per name this class runs (ldpsim privacy-audit NAME, the conformance tests)
     #: ``ldpsim protocols``' line
     summaries = {"kflip": "k-ary randomized response over k buckets, fresh every round: the single-round "
                           "histogram baseline of Ding et al. 2017."}
+    #: an example [protocol] table per name this class runs (ldpsim privacy-audit NAME, the conformance tests)
     examples = {'kflip': {'epsilon': 1.0, 'max_value': 1.0, 'buckets': 8}}
 
     @classmethod
@@ -235,10 +235,10 @@ class LaplaceParams:
 
     kind = "mean"
 
-    #: an example [protocol] table per name this class runs (ldpsim privacy-audit NAME, the conformance tests)
     #: ``ldpsim protocols``' line
     summaries = {"laplace": "The Laplace mechanism on the value, fresh every round: the single-round mean "
                             "baseline of Ding et al. 2017."}
+    #: an example [protocol] table per name this class runs (ldpsim privacy-audit NAME, the conformance tests)
     examples = {'laplace': {'epsilon': 1.0, 'max_value': 1.0}}
 
     report_family = "value"  # how run-time attack metrics read the reports (scenarios/attacks.py)

@@ -92,7 +92,6 @@ class DBitFlipParams:
 
     kind = "histogram"
 
-    #: an example [protocol] table per name this class runs (ldpsim privacy-audit NAME, the conformance tests)
     #: ``ldpsim protocols``' line for each name this class runs
     summaries = {"dbitflip": "dBitFlip (Ding, Kulkarni, Yekhanin, NIPS 2017): histograms over k buckets, d sampled "
                              "buckets' bits randomized afresh every round.",
@@ -100,6 +99,7 @@ class DBitFlipParams:
                                "response, optionally output perturbation (gamma).",
                  "binflip": "BinFlip (Ding et al. 2017): dBitFlip with d = k, every bucket's bit randomized afresh "
                             "every round."}
+    #: an example [protocol] table per name this class runs (ldpsim privacy-audit NAME, the conformance tests)
     examples = {'dbitflip': {'epsilon': 1.0, 'max_value': 1.0, 'buckets': 8, 'bits': 2}, 'dbitflippm': {'epsilon': 1.0, 'max_value': 1.0, 'buckets': 8, 'bits': 2}, 'binflip': {'epsilon': 1.0, 'max_value': 1.0, 'buckets': 8}}
 
     report_family = "bitflip"  # how run-time attack metrics read the reports (scenarios/attacks.py)

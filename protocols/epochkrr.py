@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from protocols import config
-from protocols.base import ProtocolParams, check_epoch_epsilon, check_params
+from protocols.base import ProtocolParams, check_epoch_epsilon, check_params, epoch_epsilon_problem
 from protocols.baselines import KFlipParams, estimate_kflip
 from protocols.collecting import ReportCollector
 from protocols.dbitflip import histogram
@@ -59,6 +59,9 @@ class EpochKRRParams(EpochBudget):
         rounds = ctx.rounds
         length = table.get("epoch_length", int, check=lambda v: 1 <= v <= rounds and rounds % v == 0,
                            what=f"a divisor of rounds ({rounds})")
+        problem = epoch_epsilon_problem(epsilon, rounds // length)
+        if problem:
+            raise table.fail("epsilon", problem)
         buckets, max_value = items_table(table)
         return cls(name, epsilon, length, rounds // length, buckets, max_value)
 

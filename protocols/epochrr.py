@@ -16,7 +16,7 @@ import numpy as np
 
 from protocols import config
 from protocols import keyed
-from protocols.base import ProtocolParams, check_epoch_epsilon, check_params
+from protocols.base import ProtocolParams, check_epoch_epsilon, check_params, epoch_epsilon_problem
 from protocols.collecting import Column, ReportCollector
 from protocols.device import OneEpochReportDevices, at_rows
 from protocols.epochs import EpochBudget, EpochMeans
@@ -55,6 +55,9 @@ class EpochRRParams(EpochBudget):
         rounds = ctx.rounds
         length = table.get("epoch_length", int, check=lambda v: 1 <= v <= rounds and rounds % v == 0,
                            what=f"a divisor of rounds ({rounds})")
+        problem = epoch_epsilon_problem(epsilon, rounds // length)
+        if problem:
+            raise table.fail("epsilon", problem)
         return cls(name, epsilon, length, rounds // length)
 
     def __post_init__(self) -> None:

@@ -95,8 +95,12 @@ class MultiParams:
         """[protocol] keys: epsilon, max_value, counters (every population group then needs that many apps)."""
         epsilon = config.epsilon(table)
         max_value = config.max_value(table)
-        return cls(name, epsilon, max_value,
-                   table.get("counters", int, check=lambda v: 1 <= v <= 64, what="an integer in [1, 64]"))
+        counters = table.get("counters", int, check=lambda v: 1 <= v <= 64, what="an integer in [1, 64]")
+        joint, high = joint_epsilon(epsilon, counters), config.EPSILON_RANGE[1]
+        if joint > high:  # the report is one mechanism at eps_joint: it must be in range too
+            raise table.fail("epsilon", f"{epsilon:g} with {counters} counters makes a report eps_joint = {joint:.4g}-LDP "
+                                        f"(Theorem 7), above {high:g}: lower protocol.epsilon or protocol.counters")
+        return cls(name, epsilon, max_value, counters)
 
     def __post_init__(self) -> None:
         check_params(self.epsilon, self.max_value)

@@ -124,12 +124,12 @@ class OneBitParams:
     granularity: float | None = None
     gamma: float = 0.0
 
-    #: an example [protocol] table per name this class runs (ldpsim privacy-audit NAME, the conformance tests)
     #: ``ldpsim protocols``' line for each name this class runs
     summaries = {"1bitmean": "1BitMean (Ding, Kulkarni, Yekhanin, NIPS 2017): mean estimation, one bit per device and "
                              "round, randomized afresh every round.",
                  "1bitrrpm": "1BitRRPM (Ding et al. 2017): 1BitMean on alpha-point rounded values with permanent "
                              "memoization, optionally output perturbation (gamma)."}
+    #: an example [protocol] table per name this class runs (ldpsim privacy-audit NAME, the conformance tests)
     examples = {'1bitmean': {'epsilon': 1.0, 'max_value': 1.0}, '1bitrrpm': {'epsilon': 1.0, 'max_value': 1.0, 'granularity': 0.25}}
 
     report_family = "onebit"  # how run-time attack metrics read the reports (scenarios/attacks.py)

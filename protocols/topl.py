@@ -480,8 +480,8 @@ class ToplCollector(StagedCollector):
         """The value density over ``bins`` bins of [0, max_value] from SW reports (EM; SW-W or EMS)."""
         return self._density(s)[0]
 
-    def _density(self, s: np.ndarray) -> tuple[np.ndarray, float]:
-        """:meth:`density` and the share of EM's mass SW-W's pruning moved (0 for EMS): on data that is not
+    def _density(self, s: np.ndarray) -> tuple[np.ndarray, float | None]:
+        """:meth:`density` and the share of EM's mass SW-W's pruning moved (None for EMS): on data that is not
         skewed towards 0 the pruning cuts inside the support (numeric.sw_w_prune), and this says how much."""
         p = self.params
         if self._m is None:
@@ -490,7 +490,7 @@ class ToplCollector(StagedCollector):
         counts = np.histogram(s, bins=p.bins, range=(-b, 1 + b))[0].astype(np.float64)
         theta, _ = numeric.em_estimate(counts, self._m, smoothing=p.method == "ems")
         if p.method != "sw-w":
-            return theta, 0.0
+            return theta, None
         pruned = numeric.sw_w_prune(theta)
         return pruned, float(np.abs(pruned - theta).sum() / 2 / theta.sum())
 
@@ -503,13 +503,12 @@ class ToplCollector(StagedCollector):
         if p.method == "oracle" and self.oracle_values is not None:
             dens = np.histogram(self.oracle_values, bins=p.bins, range=(0, p.max_value))[0].astype(np.float64)
         elif result.reports:
-            dens, share = self._density(result.estimate["s"])
-            moved = share if p.method == "sw-w" else None
+            dens, moved = self._density(result.estimate["s"])
         else:
             dens = np.ones(p.bins)
-        self._pruned = moved
         version = len(self.thetas) + 1
         theta = self.pinned.get(version)
+        self._pruned = moved if theta is None else None  # a pinned theta came from another holdout's density
         if theta is None:
             theta = choose_threshold(dens, p.max_value, p.epsilon, p.rounds, self.n_devices, p.objective, p.integer)
         self.thetas[version] = theta

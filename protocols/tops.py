@@ -95,9 +95,15 @@ def threshold_constant(eps: float, levels: int, holdout_size: int, span: int, fa
     return math.sqrt(2.0 * (fanout - 1) * levels ** 3 / eps ** 2) * 3.0 * holdout_size / span / bias_constant
 
 
+def candidate_steps(max_value: float, step: float) -> int:
+    """k, the last multiple of ``step`` in the candidates (:func:`threshold_candidates`); more than
+    MAX_CANDIDATES - 2 is too many."""
+    return int(math.floor(max_value / step + 1e-9))
+
+
 def threshold_candidates(max_value: float, step: float = 1.0) -> np.ndarray:
     """{0, step, 2 step, ...} up to max_value, plus max_value itself (step 1: the integers of the paper)."""
-    k = int(math.floor(max_value / step + 1e-9))
+    k = candidate_steps(max_value, step)
     if k + 2 > MAX_CANDIDATES:
         raise ValueError(f"{k + 1} threshold candidates: set threshold_step so max_value/threshold_step "
                          f"< {MAX_CANDIDATES}")

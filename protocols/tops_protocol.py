@@ -28,7 +28,7 @@ from protocols.keyed import Purpose, stream_key
 from protocols.ledger import Charge
 from protocols.messages import ReportBatch
 from protocols.round_mechanism import NoRoundMechanism
-from protocols.tops import MAX_CANDIDATES, ToPS
+from protocols.tops import MAX_CANDIDATES, ToPS, candidate_steps
 
 TOPS = "tops"
 CENTRAL_RELEASE = "central_release"
@@ -70,10 +70,11 @@ class TopsParams:
         epsilon = config.epsilon(table)
         max_value = config.max_value(table)
         step = table.get("threshold_step", float, 1.0, check=config.positive, what="> 0")
-        if max_value / step >= MAX_CANDIDATES - 1:
+        steps = candidate_steps(max_value, step)
+        if steps > MAX_CANDIDATES - 2:
             raise table.fail("threshold_step", f"{step:g}{' (the default)' if 'threshold_step' not in table.data else ''}"
-                                               f" gives {max_value / step:.3g} candidates up to max_value "
-                                               f"{max_value:g}; at most {MAX_CANDIDATES - 2:,}: set a larger step")
+                                               f" gives {steps + 1:,} candidates up to max_value {max_value:g}; at "
+                                               f"most {MAX_CANDIDATES - 1:,}: set a larger step")
         return cls(name, epsilon, config.epsilon(table, "threshold_epsilon", epsilon), max_value,
                    config.holdout_share(table, ctx.devices), ctx.rounds, ctx.devices, ctx.seed, step)
 
@@ -82,6 +83,8 @@ class TopsParams:
         check_params(self.threshold_epsilon, self.max_value)
         if not 0 < self.holdout < 1:
             raise ValueError(f"protocol.holdout must be a share in (0, 1), got {self.holdout}")
+        if not (math.isfinite(self.threshold_step) and self.threshold_step > 0):
+            raise ValueError(f"protocol.threshold_step must be a positive number, got {self.threshold_step}")
 
     @property
     def round_epsilon(self) -> float:
@@ -178,23 +181,24 @@ class TopsCollector(ReportCollector):
         x = reports["x"][:, 0]
         if self.round == 1:  # round 1: the keyed holdout's values choose theta, then sit this round out
             hold = in_holdout(self.params, self._present_ids.astype(np.uint64))
-            self._choose_threshold(x[hold])
+            self._choose_threshold(x[hold], x.size)
             x = x[~hold]
         theta = self.tops.threshold
         assert theta is not None  # chosen in round 1, above
         released = self.tops.add(float(np.minimum(x, theta).sum()), clip=False)
         return released * self.n_devices / x.size if x.size else math.nan  # no report: no estimate
 
-    def _choose_threshold(self, holdout: np.ndarray) -> None:
+    def _choose_threshold(self, holdout: np.ndarray, reports: int) -> None:
         """NM-E on the holdout; with no holdout value at all (a tiny or lossy round 1), theta = max_value, a
         choice that depends on no data (no truncation; the noise is the largest it can be).
 
         The score constant's N - h counts the *values* a range query's truncation bias adds up, not the
-        steps of the released stream: each step here is the sum of a round's values over the population, so
-        N - h = R x n - h (the paper's stream has one value a step, n = 1). With N - h = R, as for a stream
-        of single values, a short run picked theta = 0 on any data (R <= 7 on POS) and released only zeros."""
+        steps of the released stream: each step here is the sum of a round's m reports (round 1's
+        ``reports``, the holdout included, stands for every round's), so N - h = R x m - h (the paper's
+        stream has one value a step, m = 1). With N - h = R, as for a stream of single values, a short run
+        picked theta = 0 on any data (R <= 7 on POS) and released only zeros."""
         if holdout.size:
-            span = max(1, self.params.rounds * self.n_devices - holdout.size)
+            span = max(1, self.params.rounds * reports - holdout.size)
             theta = self.tops.choose_threshold(holdout, span=span)
         else:
             theta = self.params.max_value
@@ -207,7 +211,7 @@ class TopsCollector(ReportCollector):
         res = super().close_round()
         if res.reports == 0:  # a round without reports has no estimate, but the release stream keeps its step
             if self.tops.threshold is None:
-                self._choose_threshold(np.empty(0))
+                self._choose_threshold(np.empty(0), 0)
             self.tops.add(0.0, clip=False)
         return RoundResult(res.round, res.estimate, res.reports,
                            info={"theta": self.tops.threshold if self.tops.threshold is not None else math.nan})

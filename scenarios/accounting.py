@@ -313,7 +313,11 @@ def summary_entry(params: Any, horizon: int) -> tuple[dict[str, Any], EpsDeltaTa
     if horizon > limit:
         return {"applies": False, "why": f"{horizon:,} rounds: more than {limit:,} on this grid "
                                          f"({grid.rule}), not computed (scenarios.accounting.account can)"}, None
-    table = account(params, horizon)
+    try:
+        table = account(params, horizon)
+    except ValueError as exc:  # a pair the accountant cannot take (none within the parameter ranges): said, and
+        # the run directory is still written, rather than a finished simulation lost to a traceback
+        return {"applies": False, "why": f"the accountant could not describe these rounds: {exc}"}, None
     return table.summary(), table
 
 

@@ -80,7 +80,8 @@ PLOT_PROCESS = 10_000_000
 
 def cmd_run(args: argparse.Namespace) -> int:
     scenario = load(args.scenario, args.set)
-    _check_memory(scenario.devices)
+    if args.engine == "local":  # on Ray the devices live in the cluster's actors
+        _check_memory(scenario.devices)
     for warning in scenario.warnings:
         print(f"ldpsim: warning: {warning}", file=sys.stderr)
     engine = None
@@ -258,7 +259,7 @@ def cmd_live(args: argparse.Namespace) -> int:
 
     scenario = load(args.scenario, args.set)
     _check_memory(scenario.devices)
-    _check_connections(args.connections, scenario.devices, 2)  # both ends of each connection are in this process
+    args.connections = _connections(args.connections, scenario.devices, 2)  # both ends of each are in this process
     settings, client_tls = _settings(args), _client_tls(args)  # a bad secret or certificate: before any file
     out = _live_out(args, scenario.name, "live")
     _network_note(scenario)
@@ -378,9 +379,9 @@ def cmd_devices(args: argparse.Namespace) -> int:
 
     if args.out:
         journal.refuse_finished_state(args.out, int(index), int(count))
+    _check_memory(scenario.devices)
     held = shard_size(scenario.devices, int(index) - 1, int(count))
-    _check_memory(held, f"shard {index}/{count}")
-    _check_connections(args.connections, held, 1)
+    args.connections = _connections(args.connections, held, 1)
 
     print(f"ldpsim: shard {index}/{count}: {held:,} devices "
           f"connecting to {args.connect} over {args.connections} connection(s) (giving up after "
@@ -463,28 +464,30 @@ def _available_memory() -> int | None:
     return None
 
 
-def _check_memory(devices: int, what: str = "population.devices") -> None:
+def _check_memory(devices: int) -> None:
     """A population that cannot fit is refused before anything is allocated, rather than killed by the
-    kernel minutes later with nothing written: at least BYTES_PER_DEVICE a device against MemAvailable."""
+    kernel minutes later with nothing written: at least BYTES_PER_DEVICE a device against MemAvailable. Every
+    process of a run holds per-device arrays of the whole population (a live shard its world and ledger
+    too), so the whole population counts in each."""
     available = _available_memory()
     need = devices * BYTES_PER_DEVICE
     if available is not None and need > available:
-        raise ScenarioError(f"{what}: {devices:,} devices need at least {need / 1e9:.3g} GB of memory "
-                            f"({BYTES_PER_DEVICE} bytes a device), and {available / 1e9:.3g} GB is available; run "
-                            f"fewer, or spread them over machines with ldpsim serve and ldpsim devices")
+        raise ScenarioError(f"population.devices: {devices:,} devices need at least {need / 1e9:.3g} GB of memory "
+                            f"({BYTES_PER_DEVICE} bytes a device), and {available / 1e9:.3g} GB is available")
 
 
-def _check_connections(connections: int, devices: int, fds_each: int) -> None:
-    """``--connections`` that this process can open, each carrying at least one device: a ScenarioError
-    naming the limit otherwise (a connection per device past the open-file limit failed mid-run)."""
+def _connections(connections: int, devices: int, fds_each: int) -> int:
+    """The connections to open for ``--connections``: at most one a device (a connection carries at least one;
+    a hundred million used to build as many shards first), and a ScenarioError naming the limit when this
+    process may not open that many files (past ulimit -n the sockets failed mid-run)."""
     from collector.server import fd_ceiling
 
-    if connections > devices:
-        raise ScenarioError(f"--connections: {connections:,} is more than the {devices:,} device(s) they would carry")
+    connections = max(1, min(connections, devices))
     ceiling = fd_ceiling() // fds_each
     if connections > ceiling:
         raise ScenarioError(f"--connections: {connections:,} needs {connections * fds_each:,} open files; this "
                             f"process may open about {ceiling * fds_each:,} (ulimit -n)")
+    return connections
 
 
 def _seconds(text: str, zero: bool = False) -> float:

@@ -25,11 +25,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from protocols import numeric
+from protocols import config, numeric
 from protocols.baselines import KFlipDevices, KFlipParams, LaplaceDevices, LaplaceParams, laplace_grid
 from protocols.dbitflip import DBitFlipDevices, DBitFlipParams
 from protocols.epochrr import EpochRRParams
-from protocols.multicounter import MultiDevices, MultiParams, joint_epsilon
+from protocols.multicounter import MultiDevices, MultiParams, joint_epsilon, joint_report_pair
 from protocols.onebit import OneBitDevices, OneBitParams, epsilon_prime
 from protocols.round_mechanism import (DiscretePair, LaplacePair, NoRoundMechanism, _grid, lower_envelope,
                                        pair_from_curve, randomized_response, rr_power, upper_envelope)
@@ -538,6 +538,34 @@ def test_long_runs_skip_the_accountant_and_say_so(monkeypatch: pytest.MonkeyPatc
     entry, _ = accounting.summary_entry(FRESH["1bitmulti-3"], 6)
     assert entry["applies"] is False and "more than 5" in entry["why"]
     assert accounting.summary_entry(FRESH["1bitmean"], 10)[0]["applies"] is True
+
+
+def test_a_pair_the_accountant_cannot_take_is_said_not_fatal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The accountant runs after the simulation: a pair it refuses must not lose the finished run."""
+    def refuse(*args: object) -> None:
+        raise ValueError("envelopes need pairs without infinite privacy loss")
+
+    monkeypatch.setattr(accounting, "account", refuse)
+    entry, table = accounting.summary_entry(FRESH["1bitmean"], 3)
+    assert entry == {"applies": False, "why": "the accountant could not describe these rounds: envelopes need pairs "
+                                              "without infinite privacy loss"} and table is None
+
+
+@pytest.mark.parametrize("counters", [2, 3, 8, 64])
+def test_1bitmulti_reports_within_the_epsilon_range_have_finite_accounting(counters: int) -> None:
+    """1bitmulti's report is eps_joint(c)-LDP (Theorem 7), far above eps for many counters (eps 3, c = 64:
+    19.7), and the accountant's pairs broke there; a scenario may not ask for eps_joint above 10, and every
+    eps it accepts gives a pair of finite loss."""
+    for eps in (1e-6, 0.1, 1.0, 2.0, 3.0, 5.0, 10.0):
+        table = {"name": "1bitmulti", "epsilon": eps, "max_value": 1.0, "counters": counters}
+        ctx = config.Context(rounds=3, devices=10)
+        if joint_epsilon(eps, counters) > 10:
+            with pytest.raises(config.ConfigError, match=r"^protocol\.epsilon: .* eps_joint = .* above 10"):
+                MultiParams.from_table("1bitmulti", config.Table(table, "protocol"), ctx)
+            continue
+        params = MultiParams.from_table("1bitmulti", config.Table(dict(table), "protocol"), ctx)
+        assert math.isfinite(joint_report_pair(eps, counters).max_loss)
+        assert accounting.summary_entry(params, 2)[0]["applies"] is True
 
 
 def test_round_mechanism_module_is_sans_io() -> None:

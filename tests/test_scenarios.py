@@ -608,7 +608,7 @@ def test_set_takes_a_key_as_error_messages_write_it() -> None:
     ("thresh_stable", ["protocol.epsilon=1001"], r"^protocol\.epsilon: must be a number in \[1e-06, 1000\]"),
     ("thresh_stable", ["protocol.a=11"], r"^protocol\.a: must be a number in \[1e-06, 10\]"),
     ("thresh_stable", ["protocol.b=1e-7"], r"^protocol\.b: must be a number in \[1e-06, 10\]"),
-    ("tops_pos", ["protocol.max_value=1e15"], r"^protocol\.threshold_step: 1 \(the default\) gives 1e\+15"),
+    ("tops_pos", ["protocol.max_value=1e15"], r"^protocol\.threshold_step: 1 \(the default\) gives 1,000,000,000,000,001 candidates"),
     ("topl_pos", ["protocol.threshold_epsilon=12"], r"^protocol\.threshold_epsilon: must be a number in \[1e-06, 10\]"),
 ])
 def test_a_parameter_beyond_what_doubles_compute_is_one_line_naming_it(name, sets, error):
@@ -622,6 +622,6 @@ def test_a_parameter_beyond_what_doubles_compute_is_one_line_naming_it(name, set
 def test_each_epochs_share_of_a_total_epsilon_is_in_range():
     """epochrr spends its total evenly over the epochs: 1e-5 over 364 epochs is 2.7e-8 an epoch, below 1e-6."""
     data = {**load("thresh_stable").raw, "protocol": {"name": "epochrr", "epsilon": 1e-5, "epoch_length": 1}}
-    with pytest.raises(ScenarioError, match=r"^protocol: protocol\.epsilon 1e-05 over 364 epochs is 2\.75e-08"):
+    with pytest.raises(ScenarioError, match=r"^protocol\.epsilon: 1e-05 over 364 epochs is 2\.75e-08 an epoch, outside \[1e-06, 10\]$"):
         parse(data)
     parse({**data, "protocol": {"name": "epochrr", "epsilon": 1e-3, "epoch_length": 1}})  # 2.7e-6 an epoch: fine
