@@ -245,6 +245,9 @@ def _group_behaviors(groups: list[Group], raw_groups: list[Any], changes: list[C
 # ----------------------------------------------------------------------------------------------- loading
 def parse(data: dict[str, Any]) -> Scenario:
     """Validate a scenario given as a dict (parsed TOML)."""
+    huge = _first_huge_integer(data)
+    if huge:
+        raise ScenarioError(f"{huge}: an integer beyond 64 bits (at most {MAX_INTEGER:,})")
     top = _Table(data, "")
     # the name becomes part of default output paths (runs/<name>-<timestamp>): no separators, no "..", no
     # control characters, not hidden
@@ -268,8 +271,8 @@ def parse(data: dict[str, Any]) -> Scenario:
         jitter = _jitter(t.table("jitter")) if "jitter" in g else 0.0
         t.used.add("jitter")
         apps = t.get("apps", list, None, check=lambda v: 1 <= len(v) <= 64 and all(
-            isinstance(w, (int, float)) and not isinstance(w, bool) and w > 0 and math.isfinite(w) for w in v),
-            what="an array of 1 to 64 positive weights")
+            isinstance(w, (int, float)) and not isinstance(w, bool) and 0 < w <= 1e15 for w in v),
+            what="an array of 1 to 64 positive weights of at most 1e15")
         joins = t.get("joins", int, 1, check=lambda v: v >= 1, what="a round >= 1")
         leaves = t.get("leaves", int, None, check=lambda v: v > joins, what=f"a round after joins ({joins})")
         t.used.update(("behavior", "params"))  # checked with the simulation's round length (_group_behaviors)
@@ -337,7 +340,8 @@ def parse(data: dict[str, Any]) -> Scenario:
     st = top.table("simulation", default=None)
     sim = Simulation(
         cohort_size=st.get("cohort_size", int, 10_000, check=lambda v: v >= 1, what="an integer >= 1"),
-        round_seconds=st.get("round_seconds", float, 86_400.0, check=_positive, what="> 0"),
+        round_seconds=st.get("round_seconds", float, 86_400.0, check=lambda v: v >= 1e-3 and v * rounds <= 1e15,
+                             what=f"at least 1e-3 s, with rounds ({rounds}) x round_seconds at most 1e15 s"),
         workers=st.get("workers", int, 0, check=lambda v: 0 <= v <= 1024,
                        what="an integer in [0, 1024] (0: one per core for large runs on 4+ cores)"),
         threads=st.get("threads", int, 0, check=lambda v: 0 <= v <= 1024,
@@ -360,9 +364,9 @@ def parse(data: dict[str, Any]) -> Scenario:
         downlink_loss=nt.get("downlink_loss", float, 0.0, check=lambda v: 0 <= v < 1, what="a number in [0, 1)"),
     )
     nt.done()
-    if net.latency >= net.deadline:
-        raise ScenarioError(f"network.latency: {net.latency:g} s leaves no time before the deadline "
-                            f"({net.deadline:g} s)")
+    if 2 * net.latency >= net.deadline:  # the request reaches a device after the latency, its report as long again
+        raise ScenarioError(f"network.latency: {net.latency:g} s each way (the request, then the report) leaves no "
+                            f"time before the deadline ({net.deadline:g} s)")
     if net.deadline >= sim.round_seconds:
         raise ScenarioError(f"network.deadline: {net.deadline:g} s must be shorter than "
                             f"simulation.round_seconds ({sim.round_seconds:g} s)")
@@ -388,6 +392,25 @@ def _parse_value(text: str) -> Any:
         return tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:
         return text
+    except ValueError:  # an integer of more than 4,300 digits (Python's limit on int parsing)
+        raise ScenarioError(f"--set value {text[:40]}...: a number of thousands of digits") from None
+
+
+#: the largest integer a scenario may hold: every count, round, seed and weight fits in 64 bits
+MAX_INTEGER = 2**63 - 1
+
+
+def _first_huge_integer(data: Any, where: str = "") -> str | None:
+    """The path of the first integer beyond 64 bits in parsed TOML/JSON (None if there is none): every check
+    converts numbers to floats, and 10**400 does not convert."""
+    if isinstance(data, int) and not isinstance(data, bool):
+        return where or "scenario" if abs(data) > MAX_INTEGER else None
+    items = data.items() if isinstance(data, dict) else enumerate(data) if isinstance(data, list) else ()
+    for k, v in items:
+        found = _first_huge_integer(v, f"{where}[{k}]" if isinstance(k, int) else f"{where}.{k}" if where else str(k))
+        if found:
+            return found
+    return None
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -450,6 +473,8 @@ def read(spec: str) -> tuple[Path, dict[str, Any]]:
         raise ScenarioError(f"{path}: not valid JSON: {exc}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ScenarioError(f"{path}: cannot read: {exc}") from None
+    except ValueError:  # an integer of more than 4,300 digits (Python's limit on int parsing)
+        raise ScenarioError(f"{path}: holds a number of thousands of digits") from None
     if not isinstance(data, dict):
         raise ScenarioError(f"{path}: a scenario must be a JSON object, not {type(data).__name__}")
     return path, data

@@ -170,6 +170,14 @@ BAD = [
     ("deadline-above-round", _set(("network", "deadline"), 100_000), "network.deadline"),
     ("latency-equals-deadline", _set(("network", "latency"), 3600), "network.latency"),
     ("latency-above-deadline", _set(("network", "latency"), 5000), "network.latency"),
+    # the request reaches a device after the latency and its report takes as long again: all late
+    ("latency-half-deadline", _set(("network", "latency"), 1800), "network.latency"),
+    ("round-seconds-1e-300", _set(("simulation", "round_seconds"), 1e-300), "simulation.round_seconds"),
+    ("simulated-time-past-1e15", _set(("simulation", "round_seconds"), 1e14), "simulation.round_seconds"),
+    # integers that no check can convert to a float, wherever they are
+    ("epsilon-10^400", _set(("protocol", "epsilon"), 10**400), "protocol.epsilon"),
+    ("seed-2^64", _set(("seed",), 2**64), "seed"),
+    ("jitter-sd-huge", _set(G0 + ("jitter", "sd"), -10**30), "population.groups[0].jitter.sd"),
     ("loss-one", _set(("network", "loss"), 1.0), "network.loss"),
     ("loss-negative", _set(("network", "loss"), -0.1), "network.loss"),
     ("cohort-size-zero", _set(("simulation", "cohort_size"), 0), "simulation.cohort_size"),
@@ -625,3 +633,22 @@ def test_each_epochs_share_of_a_total_epsilon_is_in_range():
     with pytest.raises(ScenarioError, match=r"^protocol\.epsilon: 1e-05 over 364 epochs is 2\.75e-08 an epoch, outside \[1e-06, 10\]$"):
         parse(data)
     parse({**data, "protocol": {"name": "epochrr", "epsilon": 1e-3, "epoch_length": 1}})  # 2.7e-6 an epoch: fine
+
+
+def test_numbers_of_thousands_of_digits_are_one_line(tmp_path):
+    """TOML and JSON read integers of any size, but Python refuses to parse one of more than 4,300 digits with
+    a ValueError of its own (neither decode error): in a file or a --set value it is one line."""
+    huge = "9" * 5000
+    for name, text in (("s.toml", f"name = 'x'\nseed = {huge}\n"), ("s.json", f'{{"name": "x", "seed": {huge}}}')):
+        (tmp_path / name).write_text(text)
+        with pytest.raises(ScenarioError, match=r"holds a number of thousands of digits$"):
+            load(str(tmp_path / name))
+    with pytest.raises(ScenarioError, match=r"^--set value 9{40}\.\.\.: a number of thousands of digits$"):
+        load("quickstart", [f"seed={huge}"])
+
+
+def test_app_weights_are_bounded():
+    """Weights of 1e308 overflowed their sum, and the light group's counters became 0 with only a warning."""
+    with pytest.raises(ScenarioError, match=r"^population\.groups\[0\]\.apps: must be an array of 1 to 64 "
+                                            r"positive weights of at most 1e15"):
+        load("apps_multi", ["population.groups.0.apps=[1e308, 1e308, 1e308]"])
