@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import os
+import stat
 import struct
 from pathlib import Path
 
@@ -52,12 +54,24 @@ class SecretError(ValueError):
     """An unusable secret file (missing, unreadable, too short)."""
 
 
+#: the largest secret file read (a secret is 16 bytes and up; /dev/zero would be read for ever)
+MAX_SECRET_FILE = 4096
+
+
 def read_secret(path: str | Path) -> bytes:
-    """The deployment secret in ``path``: its bytes, surrounding whitespace stripped (>= 16 bytes)."""
+    """The deployment secret in ``path``, a regular file of at most MAX_SECRET_FILE bytes: its bytes,
+    surrounding whitespace stripped (>= 16 bytes). A FIFO, device or directory is refused without blocking."""
     try:
-        secret = Path(path).read_bytes().strip()
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise SecretError(f"{path}: the secret file must be a regular file")
+            secret = f.read(MAX_SECRET_FILE + 1)
     except OSError as exc:
         raise SecretError(f"{path}: cannot read the secret file: {exc.strerror or exc}") from None
+    if len(secret) > MAX_SECRET_FILE:
+        raise SecretError(f"{path}: the secret file is larger than {MAX_SECRET_FILE:,} bytes")
+    secret = secret.strip()
     if len(secret) < MIN_SECRET_BYTES:
         raise SecretError(f"{path}: the secret must be at least {MIN_SECRET_BYTES} bytes, got {len(secret)}")
     return secret

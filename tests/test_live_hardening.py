@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import io
 import json
+import os
 import socket
 import struct
 import subprocess
@@ -194,6 +195,20 @@ def test_read_secret(tmp_path) -> None:
         auth.read_secret(tmp_path / "short")
     with pytest.raises(auth.SecretError, match="cannot read"):
         auth.read_secret(tmp_path / "missing")
+
+
+def test_a_secret_file_that_never_ends_or_blocks_is_refused(tmp_path) -> None:
+    """--secret-file /dev/zero read 6 GB in 10 s, and a FIFO blocked for ever: a regular file of at most 4 KB."""
+    with pytest.raises(auth.SecretError, match="must be a regular file"):
+        auth.read_secret("/dev/zero")
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(auth.SecretError, match="must be a regular file"):
+        auth.read_secret(tmp_path / "fifo")  # no writer: opening it for reading would wait for one
+    (tmp_path / "big").write_bytes(b"k" * (auth.MAX_SECRET_FILE + 1))
+    with pytest.raises(auth.SecretError, match="larger than 4,096 bytes"):
+        auth.read_secret(tmp_path / "big")
+    (tmp_path / "edge").write_bytes(b"k" * auth.MAX_SECRET_FILE)
+    assert len(auth.read_secret(tmp_path / "edge")) == auth.MAX_SECRET_FILE
 
 
 # ----------------------------------------------------------------------------------------------- impersonation
