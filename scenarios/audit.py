@@ -61,6 +61,7 @@ from protocols.keyed import Purpose, stream_key
 from protocols.ledger import exceeds
 from protocols.messages import CollectionRequest, Decision, Threshold
 from protocols import reference
+from scenarios import resources
 from scenarios.schema import Scenario, ScenarioError, parse
 
 DEFAULT_DEVICES = 100_000
@@ -203,6 +204,7 @@ def load(run_dir: Path | str, ledgers: Sequence[Path | str] | None = None, allow
                               "pass --allow-code if you trust it")
     try:
         scenario = parse(raw)
+        resources.check_memory(scenario.devices)  # the replay holds per-device arrays of the whole population
     except ScenarioError as exc:
         raise AuditInputError(f"{run / 'scenario.json'}: {exc}") from None
     except (TypeError, ValueError) as exc:

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from agents.behavior import BehaviorError
-from scenarios import allocator, jsonout
+from scenarios import allocator, jsonout, resources
 from scenarios.schema import ScenarioError, load
 
 
@@ -81,7 +81,8 @@ PLOT_PROCESS = 10_000_000
 def cmd_run(args: argparse.Namespace) -> int:
     scenario = load(args.scenario, args.set)
     if args.engine == "local":  # on Ray the devices live in the cluster's actors
-        _check_memory(scenario.devices)
+        workers = scenario.simulation.workers
+        resources.check_memory(scenario.devices, workers + 1 if workers > 1 else 1)
     for warning in scenario.warnings:
         print(f"ldpsim: warning: {warning}", file=sys.stderr)
     engine = None
@@ -154,6 +155,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             raise ScenarioError("--workers: not used with --cluster (local:N sets the number of workers)")
         sweeps.import_distributed()
     sw = sweeps.plan(args.scenario, args.grid, args.repeat, args.workers, args.set)
+    largest = max(int(sw.point_data(p)["population"]["devices"]) for p in sw.points)
+    parallel = 1 if cluster is not None else max(1, min(sw.workers, len(sw.points) * sw.repeat))
+    resources.check_memory(largest * parallel, parallel + 1)  # runs at once, each the largest grid point's
     for warning in sw.warnings:
         print(f"ldpsim: warning: {warning}", file=sys.stderr)
     out = Path(args.out)
@@ -172,6 +176,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from scenarios import compare
 
     scenario = load(args.scenario, args.set)
+    resources.check_memory(scenario.devices)
     out = Path(args.out or f"runs/{scenario.name}-compare")
     table = compare.compare(scenario, out, lambda label, rounds: _progress_bar(rounds, not args.quiet,
                                                                                f"simulating {label}"))
@@ -258,7 +263,7 @@ def cmd_live(args: argparse.Namespace) -> int:
     from scenarios import live, output
 
     scenario = load(args.scenario, args.set)
-    _check_memory(scenario.devices)
+    resources.check_memory(scenario.devices)
     args.connections = _connections(args.connections, scenario.devices, 2)  # both ends of each are in this process
     settings, client_tls = _settings(args), _client_tls(args)  # a bad secret or certificate: before any file
     out = _live_out(args, scenario.name, "live")
@@ -285,7 +290,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from scenarios import journal
 
     scenario = load(args.scenario, args.set)
-    _check_memory(scenario.devices)
+    resources.check_memory(scenario.devices)
     settings = _settings(args)
     out = _resume_dir(args) if args.resume else _live_out(args, scenario.name, "serve")
     bar: list = [None, lambda: None]  # (update, close): the progress bar, started with the rounds
@@ -379,7 +384,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
 
     if args.out:
         journal.refuse_finished_state(args.out, int(index), int(count))
-    _check_memory(scenario.devices)
+    resources.check_memory(scenario.devices)
     held = shard_size(scenario.devices, int(index) - 1, int(count))
     args.connections = _connections(args.connections, held, 1)
 
@@ -446,34 +451,6 @@ def _count(text: str) -> int:
     if n < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
     return n
-
-
-#: the least memory a simulated device costs (1BitRRPM at 100M devices x 31 rounds peaked at 132 bytes a device)
-BYTES_PER_DEVICE = 100
-
-
-def _available_memory() -> int | None:
-    """MemAvailable from /proc/meminfo in bytes (None where there is none to read: not Linux)."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
-def _check_memory(devices: int) -> None:
-    """A population that cannot fit is refused before anything is allocated, rather than killed by the
-    kernel minutes later with nothing written: at least BYTES_PER_DEVICE a device against MemAvailable. Every
-    process of a run holds per-device arrays of the whole population (a live shard its world and ledger
-    too), so the whole population counts in each."""
-    available = _available_memory()
-    need = devices * BYTES_PER_DEVICE
-    if available is not None and need > available:
-        raise ScenarioError(f"population.devices: {devices:,} devices need at least {need / 1e9:.3g} GB of memory "
-                            f"({BYTES_PER_DEVICE} bytes a device), and {available / 1e9:.3g} GB is available")
 
 
 def _connections(connections: int, devices: int, fds_each: int) -> int:
@@ -707,9 +684,17 @@ def _command(args: argparse.Namespace) -> int:
     except BehaviorError as exc:  # a scripted behavior that failed during the run (agents/behavior.py)
         print(f"ldpsim: error: behavior: {exc}", file=sys.stderr)
         return 2
-    except (NotADirectoryError, IsADirectoryError, FileExistsError, PermissionError) as exc:  # e.g. --out a/b
-        # where a is a file, or a folder it may not write: the path and the reason, not a traceback
+    except (NotADirectoryError, IsADirectoryError, FileExistsError, PermissionError, FileNotFoundError) as exc:
+        # e.g. --out a/b where a is a file, or under /proc, or a folder it may not write: the path and the
+        # reason, not a traceback
         print(f"ldpsim: error: {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    except MemoryError:  # past the up-front checks (a privacy audit of 2e9 trials, a data file of 1e9 digits)
+        print("ldpsim: error: out of memory: the run, audit or file asks for more than this machine has",
+              file=sys.stderr)
+        return 2
+    except OverflowError as exc:  # a number from a file beyond what a double holds (an edited summary.json)
+        print(f"ldpsim: error: a number too large to compute with (beyond 1.8e308): {exc}", file=sys.stderr)
         return 2
     except RecursionError:  # tomllib and json recurse: a file or --set value of thousands of nested levels
         print("ldpsim: error: input nested too deeply (a scenario, --set/--grid value or JSON file with thousands "

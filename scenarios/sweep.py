@@ -600,6 +600,9 @@ def _prepare(sweep: Sweep, out: Path, force: bool) -> None:
         raise ScenarioError(f"--out {out}: not a directory")
     mine = json.loads(_dumps(sweep.definition()))
     meta, runs = out / "sweep.json", out / "runs.jsonl"
+    for path in (meta, runs, out / "failed.jsonl"):  # a FIFO would block the read (or append) for ever
+        if path.exists() and not path.is_file():
+            raise ScenarioError(f"--out {out}: {path.name} is not a regular file")
     if not force:
         if meta.exists():
             try:
@@ -624,7 +627,11 @@ _FIGURE_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
 
 
 def _figure(v: Any) -> bool:
-    return v is None or isinstance(v, (int, float)) and not isinstance(v, bool)
+    """A figure as a run writes it: None, an int of 64 bits, or a float that is finite or NaN (undefined);
+    10**400 in an edited line overflowed every float conversion, and pyarrow's int64 column."""
+    if isinstance(v, float):
+        return not math.isinf(v)
+    return v is None or isinstance(v, int) and not isinstance(v, bool) and abs(v) < 2**63
 
 
 def _readable_summary(summary: Any) -> bool:
@@ -640,8 +647,8 @@ def _readable_summary(summary: Any) -> bool:
                                                for k, v in part.items())):
             return False
     devices, protocol, wall = summary.get("devices"), summary.get("protocol"), summary.get("wall_seconds")
-    return (isinstance(devices, int) and not isinstance(devices, bool) and devices >= 1 and isinstance(protocol, str)
-            and _figure(wall))
+    return (isinstance(devices, int) and not isinstance(devices, bool) and 1 <= devices < 2**63
+            and isinstance(protocol, str) and _figure(wall))
 
 
 def load_records(sweep: Sweep, out: Path) -> dict[tuple[int, int], dict[str, Any]]:

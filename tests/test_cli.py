@@ -529,13 +529,31 @@ def test_connections_beyond_the_open_file_limit_are_one_line(tmp_path, capsys, m
 def test_a_population_that_cannot_fit_in_memory_is_refused_up_front(tmp_path, capsys, monkeypatch, command) -> None:
     """4 billion devices (the schema's limit) at 100 bytes each against the memory available: one line before
     anything is allocated or written, not the kernel's OOM killer minutes into the run."""
-    from scenarios import cli
+    from scenarios import resources
 
-    monkeypatch.setattr(cli, "_available_memory", lambda: 24 * 10**9)
+    monkeypatch.setattr(resources, "available_memory", lambda: 24 * 10**9)
     assert main([*command, "--set", "population.devices=4294967295", "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err == ("ldpsim: error: population.devices: 4,294,967,295 devices need at least 429 GB of memory (100 "
-                   "bytes a device), and 24 GB is available")
+    assert err == ("ldpsim: error: population.devices: 4,294,967,295 devices need at least 558 GB of memory (130 "
+                   "bytes a device, 0.15 GB a process), and 24 GB is available")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("command, says", [
+    (["run", "quickstart", "--set", "population.devices=1024", "--set", "simulation.cohort_size=1", "--set",
+      "simulation.workers=1024"], "1,024 devices and 1,024 worker processes need at least 154 GB"),
+    (["sweep", "quickstart", "--workers", "1", "--repeat", "1", "--grid", "population.devices=1000,200000000"],
+     "200,000,000 devices and 1 worker process need at least 26.1 GB"),
+])
+def test_worker_processes_and_a_sweep_s_largest_run_count_against_memory(tmp_path, capsys, monkeypatch, command,
+                                                                         says) -> None:
+    """A worker process costs about 150 MB (numpy, numba and the kernels), and a thousand of them were allowed;
+    a sweep's run of 200M devices ran the machine out of memory where ldpsim run refused it."""
+    from scenarios import resources
+
+    monkeypatch.setattr(resources, "available_memory", lambda: 24 * 10**9)
+    assert main([*command, "--out", str(tmp_path / "out")]) == 2
+    assert says in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
 

@@ -738,7 +738,8 @@ def test_a_damaged_sweep_directory_resumes_or_is_refused_in_one_line(tmp_path, c
     # edited figures: not objects, a string or a bool for a number, a name that would be a plot file's path
     for damage in ({"error": "bad"}, {"error": None}, {"error": {"mean_abs": "x"}}, {"epsilon": {"max": True}},
                    {"error": {"../../escape": 1.0}}, {"error": {"a/b": 1.0}}, {"devices": "300"},
-                   {"wall_seconds": [1]}, {"epsilon": None}):
+                   {"wall_seconds": [1]}, {"epsilon": None}, {"error": {"mean_abs": 10**400}},
+                   {"devices": 10**30}):
         bad = json.loads(lines[0])
         bad["summary"].update(damage)
         (out / "runs.jsonl").write_text(json.dumps(bad) + "\n" + lines[1] + "\n")
@@ -747,6 +748,13 @@ def test_a_damaged_sweep_directory_resumes_or_is_refused_in_one_line(tmp_path, c
         assert {p.name for p in out.glob("error_*.png")} == {f"error_{k}.png" for k in json.loads(lines[1])[
             "summary"]["error"]}  # the figures of the run that was not edited
         assert not list(tmp_path.glob("*.png")) and not (out / "error_a").exists()
+    for name in ("runs.jsonl", "sweep.json"):  # a FIFO: reading it blocked the resume for ever
+        kept = (out / name).read_bytes()
+        (out / name).unlink()
+        os.mkfifo(out / name)
+        assert main(argv) == 2 and f"{name} is not a regular file" in capsys.readouterr().err
+        (out / name).unlink()
+        (out / name).write_bytes(kept)
     (out / "sweep.json").write_text("[]")
     assert main(argv) == 2 and "holds a different sweep" in capsys.readouterr().err
     with pytest.raises(ScenarioError, match=r"^2,000,000,000 runs .* exceed the limit of 10,000,000"):
