@@ -132,6 +132,12 @@ class DBitFlipParams:
         return self.name == DBITFLIPPM
 
     @property
+    def report_elements(self) -> int:
+        """Values one device's report puts on the wire: d bits, and d bucket indices J when d < k (a runtime
+        keeps a message's arrays under protocols.wire.MAX_ELEMENTS)."""
+        return self.bits * (2 if self.bits < self.buckets else 1)
+
+    @property
     def round_epsilon(self) -> float:
         """Exact worst-case loss of one report: two inputs change at most min(d, 2) bits, each by eps/2
         (eps'(eps/2, gamma) with output perturbation, Theorem 6 per bit). So eps for d >= 2 and eps/2 for

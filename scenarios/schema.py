@@ -23,6 +23,7 @@ import numpy as np
 from agents import behavior as behaviors
 from agents.world import Change, Dist, Group, split_shares
 from collector.network import NetworkParams
+from protocols import wire
 from protocols.base import ProtocolParams
 from protocols.guard import Limits
 from protocols import registry
@@ -348,6 +349,13 @@ def parse(data: dict[str, Any]) -> Scenario:
                        what="an integer in [0, 1024] (0: one per core when the run is in one process)"),
     )
     st.done()
+    width = int(getattr(protocol, "report_elements", 1))
+    if sim.cohort_size * width > wire.MAX_ELEMENTS:  # a cohort's reports travel as one message; results do not
+        # depend on the cohort size, so a smaller one changes nothing but the number of messages
+        fits = max(1, wire.MAX_ELEMENTS // width)
+        warnings.append(f"simulation.cohort_size: {sim.cohort_size:,} devices x {width:,} values a report exceed "
+                        f"the wire limit of {wire.MAX_ELEMENTS:,} values a message: cohorts of {fits:,} instead")
+        sim = dataclasses.replace(sim, cohort_size=fits)
     for i, at_time in change_times.items():  # a change at a simulated time: from the first round starting then
         rnd = behaviors.first_round_at(at_time, sim.round_seconds)
         changes[i] = dataclasses.replace(changes[i], round=rnd)

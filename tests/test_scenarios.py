@@ -652,3 +652,14 @@ def test_app_weights_are_bounded():
     with pytest.raises(ScenarioError, match=r"^population\.groups\[0\]\.apps: must be an array of 1 to 64 "
                                             r"positive weights of at most 1e15"):
         load("apps_multi", ["population.groups.0.apps=[1e308, 1e308, 1e308]"])
+
+
+def test_cohorts_whose_reports_pass_the_wire_limit_are_made_smaller():
+    """BinFlip over 65,536 buckets sends 65,536 bits a device: a cohort of 600 was one message of 39M values,
+    past the wire's 2^25, and the run died mid-round. The cohort size does not change results, so the run
+    uses cohorts that fit, and says so."""
+    sets = ["protocol.name='binflip'", "protocol.buckets=65536", "protocol.bits=65536", "protocol.max_value=65536"]
+    sc = load("usage_histogram", sets)
+    assert sc.simulation.cohort_size == 512
+    assert any(w.startswith("simulation.cohort_size: 20,000 devices x 65,536 values") for w in sc.warnings)
+    assert load("usage_histogram").simulation.cohort_size == 20_000  # 24 buckets, 2 bits: as given
