@@ -386,6 +386,8 @@ def cmd_devices(args: argparse.Namespace) -> int:
         journal.refuse_finished_state(args.out, int(index), int(count))
     resources.check_memory(scenario.devices)
     held = shard_size(scenario.devices, int(index) - 1, int(count))
+    if not held:  # it would report "done" without connecting
+        raise ScenarioError(f"--shard {args.shard}: holds no device ({scenario.devices:,} devices over {count} shards)")
     args.connections = _connections(args.connections, held, 1)
 
     print(f"ldpsim: shard {index}/{count}: {held:,} devices "

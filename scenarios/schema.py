@@ -8,6 +8,8 @@ types and inconsistent values are errors; nothing is silently ignored.
 from __future__ import annotations
 
 import dataclasses
+import gzip
+import io
 import json
 import math
 import re
@@ -133,6 +135,14 @@ _DATA_CACHE: dict[Path, np.ndarray] = {}
 BASE_DIR: list[Path] = []  # the directory of the scenario being parsed (for relative data paths)
 
 
+#: the most text a data file may hold once decompressed (the shipped ones: 1-5 MB)
+MAX_DATA_BYTES = 256 << 20
+
+
+class _TooLarge(Exception):
+    """A data file past MAX_DATA_BYTES (raised and caught inside load_data)."""
+
+
 def load_data(spec: str, field_name: str) -> np.ndarray:
     """An empirical data set: one non-negative number per line, optionally gzip-compressed. Relative paths
     are looked up beside the scenario file, then in the shipped scenarios/data/."""
@@ -143,9 +153,15 @@ def load_data(spec: str, field_name: str) -> np.ndarray:
         raise ScenarioError(f"{field_name}: no data file {spec!r} (looked beside the scenario and in {DATA_DIR})")
     if path not in _DATA_CACHE:
         try:
+            with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as f:
+                raw = f.read(MAX_DATA_BYTES + 1)  # a 6 MB .gz of one 1.5 GB line filled the memory
+            if len(raw) > MAX_DATA_BYTES:
+                raise _TooLarge
             with warnings.catch_warnings():  # an empty file: numpy's warning would come before our one line
                 warnings.simplefilter("ignore", UserWarning)
-                data = np.loadtxt(path, dtype=np.float64, ndmin=2)  # (lines, numbers a line), even for one
+                data = np.loadtxt(io.BytesIO(raw), dtype=np.float64, ndmin=2)  # (lines, numbers a line)
+        except _TooLarge:
+            raise ScenarioError(f"{field_name}: {spec!r} holds more than {MAX_DATA_BYTES:,} bytes of text") from None
         except (ValueError, OSError, EOFError, zlib.error) as exc:  # EOFError, zlib.error: a damaged .gz
             # the line number, not numpy's message: that quotes the file's text (a path to /proc/self/environ
             # in a scenario from elsewhere would print the environment)

@@ -566,3 +566,10 @@ def test_protocols_lists_each_protocol_with_a_line_of_its_own(capsys) -> None:
     assert len(set(lines)) == len(lines) and all(lines)
     by = {r["name"]: r["summary"] for r in rows}
     assert by["1bitrrpm"].startswith("1BitRRPM") and by["binflip"].startswith("BinFlip")
+
+
+def test_a_shard_without_devices_is_refused(capsys) -> None:
+    """300 devices over 301 shards leave shard 1 empty: it said "done" and exited 0 without connecting."""
+    assert main(["devices", "quickstart", "--set", "population.devices=300", "--shard", "1/301", "--connect",
+                 "127.0.0.1:9"]) == 2
+    assert capsys.readouterr().err.strip() == "ldpsim: error: --shard 1/301: holds no device (300 devices over 301 shards)"

@@ -663,3 +663,19 @@ def test_cohorts_whose_reports_pass_the_wire_limit_are_made_smaller():
     assert sc.simulation.cohort_size == 512
     assert any(w.startswith("simulation.cohort_size: 20,000 devices x 65,536 values") for w in sc.warnings)
     assert load("usage_histogram").simulation.cohort_size == 20_000  # 24 buckets, 2 bits: as given
+
+
+def test_a_data_file_is_read_up_to_its_size_limit(tmp_path, monkeypatch):
+    """A 6 MB .gz of one 1.5 GB line filled the memory: the text is read up to MAX_DATA_BYTES, then refused."""
+    import gzip
+
+    from scenarios import schema as sch
+
+    monkeypatch.setattr(sch, "MAX_DATA_BYTES", 1000)
+    monkeypatch.setattr(sch, "_DATA_CACHE", {})
+    with gzip.open(tmp_path / "big.txt.gz", "wt") as f:
+        f.write("7" * 1001)
+    with pytest.raises(ScenarioError, match=r"^x: '.*big\.txt\.gz' holds more than 1,000 bytes of text$"):
+        sch.load_data(str(tmp_path / "big.txt.gz"), "x")
+    (tmp_path / "ok.txt").write_text("1\n2\n" * 250)  # exactly 1000 bytes
+    assert sch.load_data(str(tmp_path / "ok.txt"), "x").size == 500
