@@ -155,9 +155,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             raise ScenarioError("--workers: not used with --cluster (local:N sets the number of workers)")
         sweeps.import_distributed()
     sw = sweeps.plan(args.scenario, args.grid, args.repeat, args.workers, args.set)
-    largest = max(int(sw.point_data(p)["population"]["devices"]) for p in sw.points)
     parallel = 1 if cluster is not None else max(1, min(sw.workers, len(sw.points) * sw.repeat))
-    resources.check_memory(largest * parallel, parallel + 1)  # runs at once, each the largest grid point's
+    resources.check_memory(sw.largest_devices * parallel, parallel + 1)  # runs at once, each the largest
     for warning in sw.warnings:
         print(f"ldpsim: warning: {warning}", file=sys.stderr)
     out = Path(args.out)

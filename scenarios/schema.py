@@ -139,10 +139,6 @@ BASE_DIR: list[Path] = []  # the directory of the scenario being parsed (for rel
 MAX_DATA_BYTES = 256 << 20
 
 
-class _TooLarge(Exception):
-    """A data file past MAX_DATA_BYTES (raised and caught inside load_data)."""
-
-
 def load_data(spec: str, field_name: str) -> np.ndarray:
     """An empirical data set: one non-negative number per line, optionally gzip-compressed. Relative paths
     are looked up beside the scenario file, then in the shipped scenarios/data/."""
@@ -156,12 +152,12 @@ def load_data(spec: str, field_name: str) -> np.ndarray:
             with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as f:
                 raw = f.read(MAX_DATA_BYTES + 1)  # a 6 MB .gz of one 1.5 GB line filled the memory
             if len(raw) > MAX_DATA_BYTES:
-                raise _TooLarge
+                raise ScenarioError(f"{field_name}: {spec!r} holds more than {MAX_DATA_BYTES:,} bytes of text")
             with warnings.catch_warnings():  # an empty file: numpy's warning would come before our one line
                 warnings.simplefilter("ignore", UserWarning)
                 data = np.loadtxt(io.BytesIO(raw), dtype=np.float64, ndmin=2)  # (lines, numbers a line)
-        except _TooLarge:
-            raise ScenarioError(f"{field_name}: {spec!r} holds more than {MAX_DATA_BYTES:,} bytes of text") from None
+        except ScenarioError:  # a ValueError, but already the one line
+            raise
         except (ValueError, OSError, EOFError, zlib.error) as exc:  # EOFError, zlib.error: a damaged .gz
             # the line number, not numpy's message: that quotes the file's text (a path to /proc/self/environ
             # in a scenario from elsewhere would print the environment)

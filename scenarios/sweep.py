@@ -55,7 +55,7 @@ from typing import Any, Iterable, Iterator
 
 from protocols.keyed import stream_key
 from scenarios import sweep_worker
-from scenarios.schema import ScenarioError, _parse_value, apply_overrides, parse, read
+from scenarios.schema import MAX_INTEGER, ScenarioError, _parse_value, apply_overrides, parse, read
 
 SWEEP_PURPOSE = 100  # stream tag of repetition seeds; beyond protocols.keyed.Purpose so no stream collides
 SEED_MASK = (1 << 63) - 1
@@ -87,6 +87,9 @@ class Sweep:
     #: ``--set`` overrides under a table the grid sets whole (e.g. protocol.holdout when the grid sweeps the
     #: protocol table): applied on top of every grid point, after its values
     on_every_point: tuple[str, ...] = ()
+    #: the most devices of any scenario the validation parsed (the grid points, and each value alone on the
+    #: base): what one run may need of memory
+    largest_devices: int = 0
 
     @property
     def keys(self) -> list[str]:
@@ -326,16 +329,18 @@ def plan(spec: str, grid_args: list[str], repeat: str | int | None = None, worke
     seed = base.get("seed", 0)
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
         raise ScenarioError(f"seed: must be an integer in [0, 2^63), got {seed!r}")
-    warnings = _validate(base, grid, tuple(on_every_point))
+    warnings, largest = _validate(base, grid, tuple(on_every_point))
     return Sweep(path, overrides, base, grid, n_rep, n_workers, derive_seeds(seed, n_rep),
-                 tuple(warnings), tuple(on_every_point))
+                 tuple(warnings), tuple(on_every_point), largest)
 
 
-def _validate(base: dict[str, Any], grid: dict[str, list[Any]], after: tuple[str, ...] = ()) -> list[str]:
+def _validate(base: dict[str, Any], grid: dict[str, list[Any]],
+              after: tuple[str, ...] = ()) -> tuple[list[str], int]:
     """Each key's values alone on the base scenario first (so the error names that key and value), then
     every point of the cross product; ``after``: the --set overrides applied on top of each. Returns the
-    points' distinct scenario warnings."""
+    points' distinct scenario warnings and the most devices of any scenario parsed."""
     warnings: dict[str, None] = {}
+    largest = 0
 
     def check(pairs: list[tuple[str, Any]], on_top: tuple[str, ...]) -> None:
         data = _point(base, pairs, ())
@@ -345,12 +350,15 @@ def _validate(base: dict[str, Any], grid: dict[str, list[Any]], after: tuple[str
             except ScenarioError as exc:
                 shown = ", ".join(f"{k}={toml_text(v)}" for k, v in pairs)
                 raise ScenarioError(f"grid point {shown}: {exc}") from None
+        nonlocal largest
         try:
-            warnings.update(dict.fromkeys(parse(data).warnings))
+            sc = parse(data)
         except ScenarioError as exc:
             shown = ", ".join(f"{k}={toml_text(v)}" for k, v in pairs)
             raise ScenarioError(f"--grid {shown}: {exc}" if len(pairs) == 1 else f"grid point {shown}: {exc}") \
                 from None
+        warnings.update(dict.fromkeys(sc.warnings))
+        largest = max(largest, sc.devices)
 
     for key, values in grid.items():
         # with every --set on top, as at the points themselves (a study tried small sets protocol.holdout
@@ -368,7 +376,7 @@ def _validate(base: dict[str, Any], grid: dict[str, list[Any]], after: tuple[str
     if len(grid) > 1:
         for point in itertools.product(*grid.values()):
             check(list(zip(grid, point)), after)
-    return list(warnings)
+    return list(warnings), largest
 
 
 # -------------------------------------------------------------------------------------------- running
@@ -631,7 +639,7 @@ def _figure(v: Any) -> bool:
     10**400 in an edited line overflowed every float conversion, and pyarrow's int64 column."""
     if isinstance(v, float):
         return not math.isinf(v)
-    return v is None or isinstance(v, int) and not isinstance(v, bool) and abs(v) < 2**63
+    return v is None or isinstance(v, int) and not isinstance(v, bool) and abs(v) <= MAX_INTEGER
 
 
 def _readable_summary(summary: Any) -> bool:
@@ -647,7 +655,7 @@ def _readable_summary(summary: Any) -> bool:
                                                for k, v in part.items())):
             return False
     devices, protocol, wall = summary.get("devices"), summary.get("protocol"), summary.get("wall_seconds")
-    return (isinstance(devices, int) and not isinstance(devices, bool) and 1 <= devices < 2**63
+    return (isinstance(devices, int) and not isinstance(devices, bool) and 1 <= devices <= MAX_INTEGER
             and isinstance(protocol, str) and _figure(wall))
 
 
