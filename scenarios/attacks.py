@@ -360,19 +360,34 @@ def change_statistic(bits: np.ndarray, present: np.ndarray, memoized: bool,
         return np.where(moved, np.inf, 0.0), np.where(moved, differs.argmax(axis=1), -1).astype(np.int64)
     y = bits.astype(np.int32) * present[:, :, None]
     ones_all, n_all = y.sum(axis=1), present.sum(axis=1).astype(np.int64)[:, None]
-    first = _memo_loglik if memoized else (lambda k, m, _: _bernoulli_max_loglik(k, m))
-    base = first(ones_all, n_all, gamma).sum(axis=1)
+    # every log-likelihood is a function of two counts 0 <= ones <= reports <= T: tabulated once, then looked up
+    # (the same numbers as evaluating it element by element, at a fraction of the cost when d is large)
+    first = _table(_memo_loglik if memoized else (lambda k, m, _: _bernoulli_max_loglik(k, m)), T, gamma)
+    second = _table(_bernoulli_max_loglik, T, gamma if memoized else 0.0)
+    base = _look(first, ones_all, n_all).sum(axis=1)
     best, tau = base.copy(), np.full(n, -1, dtype=np.int64)
     ones_b, n_b = np.zeros((n, d), dtype=np.int64), np.zeros((n, 1), dtype=np.int64)
     for t in range(1, T):  # segments: rounds [0, t) and [t, T)
         ones_b += y[:, t - 1]
         n_b += present[:, t - 1:t]
-        value = (first(ones_b, n_b, gamma).sum(axis=1)
-                 + _bernoulli_max_loglik(ones_all - ones_b, n_all - n_b, gamma if memoized else 0.0).sum(axis=1))
+        value = _look(first, ones_b, n_b).sum(axis=1) + _look(second, ones_all - ones_b, n_all - n_b).sum(axis=1)
         better = value > best + 1e-9 * np.maximum(1.0, np.abs(best))
         best[better] = value[better]
         tau[better] = t
     return np.maximum(best - base, 0.0), tau
+
+
+def _table(loglik: Any, T: int, gamma: float) -> np.ndarray:
+    """``loglik(ones, n, gamma)`` for every 0 <= ones <= n <= T, as a flat array indexed ones + (T + 1) n."""
+    ones, n = np.meshgrid(np.arange(T + 1), np.arange(T + 1))  # [n, ones]
+    with np.errstate(invalid="ignore"):  # ones > n: never looked up
+        return np.asarray(loglik(ones, n, gamma), dtype=np.float64).ravel()
+
+
+def _look(table: np.ndarray, ones: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """The tabulated log-likelihood (:func:`_table`) of each (ones, n), n broadcast against ones."""
+    T1 = math.isqrt(table.size)
+    return table.take(ones + T1 * n)
 
 
 def flip_log_odds(gamma: float) -> float:

@@ -120,6 +120,10 @@ def spend_plot(path: Path, history: list[dict[str, float]], final: tuple[np.ndar
     save(fig, path)
 
 
+#: buckets beyond which the histogram is drawn as outlines (steps and a band) instead of a bar per bucket
+MANY_BUCKETS = 64
+
+
 def histogram_plot(path: Path, rounds: np.ndarray, per_round: list[dict[str, float]], truth: np.ndarray,
                    est: np.ndarray, sd: np.ndarray, width: float, title: str, change_rounds: list[int]) -> None:
     """Per-round max bucket error and Wasserstein distance; the last round's histogram against the truth."""
@@ -134,17 +138,29 @@ def histogram_plot(path: Path, rounds: np.ndarray, per_round: list[dict[str, flo
         top.axvline(r, color="grey", ls=":", lw=1)
     top.set_xlabel("round")
     top.set_title(title, fontsize=10)
+    top.legend(*[sum(h, []) for h in zip(top.get_legend_handles_labels(), twin.get_legend_handles_labels())],
+               loc="upper right", fontsize=8)
     last = len(rounds) - 1
     k = truth.shape[1]
-    centers = (np.arange(k) + 0.5) * width
-    bottom.bar(centers, truth[last], width=width * 0.9, color="tab:blue", alpha=0.35, label="truth")
-    bottom.errorbar(centers, est[last], yerr=1.96 * sd[last], fmt="o", color="tab:orange", ms=3, lw=1,
-                    label="estimate ± 1.96 sd (theory)")
+    if k <= MANY_BUCKETS:
+        centers = (np.arange(k) + 0.5) * width
+        bottom.bar(centers, truth[last], width=width * 0.9, color="tab:blue", alpha=0.35, label="truth")
+        bottom.errorbar(centers, est[last], yerr=1.96 * sd[last], fmt="o", color="tab:orange", ms=3, lw=1,
+                        label="estimate ± 1.96 sd (theory)")
+    else:  # one step outline or band per series: a bar and an error bar per bucket take minutes at 65,536
+        # buckets (and so do Axes.stairs' patches, whose limits are found curve by curve)
+        edges = np.arange(k + 1) * width
+        step = lambda a: np.append(a, a[-1])  # noqa: E731 (the value of bucket i over [edge i, edge i + 1))
+        bottom.fill_between(edges, step(truth[last]), step="post", color="tab:blue", alpha=0.35, lw=0,
+                            label="truth")
+        bottom.fill_between(edges, step(est[last] - 1.96 * sd[last]), step(est[last] + 1.96 * sd[last]),
+                            step="post", color="tab:orange", alpha=0.3, lw=0, label="± 1.96 sd (theory)")
+        bottom.step(edges, step(est[last]), where="post", color="tab:orange", lw=0.8, label="estimate")
     bottom.axhline(0, color="black", lw=0.8)
     bottom.set_xlabel("value")
     bottom.set_ylabel("frequency")
-    bottom.set_title(f"round {int(rounds[last])}", fontsize=10)
-    bottom.legend(fontsize=8)
+    bottom.set_title(f"round {int(rounds[last])}, {k:,} buckets", fontsize=10)
+    bottom.legend(loc="upper right", fontsize=8)
     fig.tight_layout()
     save(fig, path)
 

@@ -16,6 +16,7 @@ import json
 import math
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -198,6 +199,58 @@ def test_change_statistic_on_hand_made_sequences() -> None:
     score, tau = attacks.change_statistic(bits[:, :, None], present, memoized=True, gamma=0.1)
     assert score[1] == score[3] == 0.0 and tau[2] == 2
     assert score[2] > score[0] > 0  # a clean switch is stronger evidence than scattered ones
+
+
+def _bernoulli_best(k: int, m: int, low: float) -> float:
+    """max over p in [low, 1 - low] of k ln p + (m - k) ln(1 - p), from the definition (0 ln 0 = 0)."""
+    if m == 0:
+        return 0.0
+    p = min(max(k / m, low), 1.0 - low)
+    return (k * math.log(p) if k else 0.0) + ((m - k) * math.log(1.0 - p) if m - k else 0.0)
+
+
+def _brute_change(bits: np.ndarray, present: np.ndarray, memoized: bool, gamma: float) -> tuple[float, list]:
+    """One device's generalized log-likelihood ratio and each split's value, position by position from the
+    definitions in change_statistic's docstring (no tables, no vectors)."""
+    T, d = bits.shape
+
+    def first(k: int, m: int) -> float:
+        if memoized:  # one memoized bit, each round's copy flipped with gamma
+            return m * math.log(1 - gamma) - min(k, m - k) * math.log((1 - gamma) / gamma)
+        return _bernoulli_best(k, m, 0.0)
+
+    def segment(rounds: range, fit: Any) -> float:
+        total = 0.0
+        for p in range(d):
+            k = sum(int(bits[t, p]) for t in rounds if present[t])
+            m = sum(1 for t in rounds if present[t])
+            total += fit(k, m)
+        return total
+
+    base = segment(range(T), first)
+    second = lambda k, m: _bernoulli_best(k, m, gamma if memoized else 0.0)  # noqa: E731
+    splits = [segment(range(t), first) + segment(range(t, T), second) for t in range(1, T)]
+    return max([0.0] + [v - base for v in splits]), [v - base for v in splits]
+
+
+@pytest.mark.parametrize("memoized, gamma", [(True, 0.1), (True, 0.3), (False, 0.0)])
+def test_change_statistic_matches_the_definition_over_several_positions(memoized: bool, gamma: float) -> None:
+    """The vectorized statistic (tabulated log-likelihoods, positions summed, rounds missing) against a direct
+    evaluation of its definition for every device and split: the score, and the split it names scores it."""
+    rng = np.random.default_rng(5)
+    n, T, d = 40, 7, 5
+    bits = (rng.random((n, T, d)) < rng.random((n, 1, d))).astype(np.uint8)
+    bits[: n // 2, T // 2:] ^= 1  # half the devices switch every bit half way
+    present = rng.random((n, T)) < 0.8
+    score, tau = attacks.change_statistic(bits, present, memoized, gamma)
+    for i in range(n):
+        want, splits = _brute_change(bits[i], present[i], memoized, gamma)
+        assert score[i] == pytest.approx(want, rel=1e-9, abs=1e-9), i
+        if tau[i] >= 0:
+            assert splits[tau[i] - 1] == pytest.approx(want, rel=1e-9, abs=1e-9), i
+        else:
+            assert want == pytest.approx(0.0, abs=1e-9), i
+    assert (score[: n // 2] > 0).mean() > 0.5  # (not a vacuous comparison: most switchers score)
 
 
 # ----------------------------------------------------------------------------------------------- patterns

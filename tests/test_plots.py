@@ -1,0 +1,50 @@
+"""The histogram picture (scenarios/plots.py): a bar and an error bar per bucket up to MANY_BUCKETS, then one
+outline per series, so a run over 65,536 buckets draws three shapes instead of 131,072 (it took minutes); in both
+forms the picture shows the last round's truth and estimate bucket by bucket."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from scenarios import plots
+
+
+def _drawn(monkeypatch: pytest.MonkeyPatch, k: int) -> tuple[Any, np.ndarray, np.ndarray, float]:
+    """The histogram figure of 3 rounds over k buckets (kept instead of saved), with its last round's truth and
+    estimate and the bucket width."""
+    rng = np.random.default_rng(k)
+    truth = rng.dirichlet(np.ones(k), size=3)
+    est = truth + rng.normal(0, 1e-3, truth.shape)
+    sd, width = np.full(truth.shape, 1e-3), 24 / k
+    kept: list[Any] = []
+    monkeypatch.setattr(plots, "save", lambda fig, path, dpi=110: kept.append(fig))
+    per_round = [{"max_abs": 0.01, "wasserstein": 0.1}] * 3
+    plots.histogram_plot(Path("unused.png"), np.arange(1, 4), per_round, truth, est, sd, width, "t", [2])
+    return kept[0], truth[-1], est[-1], width
+
+
+def test_few_buckets_get_a_bar_and_an_error_bar_each(monkeypatch: pytest.MonkeyPatch) -> None:
+    fig, truth, est, width = _drawn(monkeypatch, 24)
+    bottom = fig.axes[1]
+    assert len(bottom.patches) == 24
+    assert np.allclose([p.get_height() for p in bottom.patches], truth)
+    centers, drawn = bottom.lines[0].get_data()
+    assert np.allclose(drawn, est) and np.allclose(centers, (np.arange(24) + 0.5) * width)
+
+
+def test_many_buckets_are_drawn_as_one_outline_per_series(monkeypatch: pytest.MonkeyPatch) -> None:
+    k = 4 * plots.MANY_BUCKETS
+    fig, truth, est, width = _drawn(monkeypatch, k)
+    bottom = fig.axes[1]
+    assert len(bottom.patches) == 0 and len(bottom.collections) == 2  # truth and the band: no shape per bucket
+    x, y = next(line for line in bottom.lines if line.get_label() == "estimate").get_data()
+    # a step "post" outline: bucket i's estimate from edge i to edge i + 1
+    assert np.allclose(x, np.arange(k + 1) * width) and np.allclose(y[:-1], est)
+    (truth_path,) = bottom.collections[0].get_paths()
+    top = truth_path.vertices[:, 1]
+    assert top.max() == pytest.approx(truth.max()) and top.min() == pytest.approx(0.0)
+    assert f"{k:,} buckets" in bottom.get_title()
