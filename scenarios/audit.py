@@ -61,7 +61,7 @@ from protocols.keyed import Purpose, stream_key
 from protocols.ledger import exceeds
 from protocols.messages import CollectionRequest, Decision, Threshold
 from protocols import reference
-from scenarios import resources
+from scenarios import jsonout, resources
 from scenarios.schema import Scenario, ScenarioError, parse
 
 DEFAULT_DEVICES = 100_000
@@ -859,7 +859,7 @@ def audit(run_dir: Path | str, devices: int | str | None = None, ledgers: Sequen
     }
     if write:
         with tables.atomic_path(files.run_dir / "audit.json") as tmp:
-            tmp.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+            tmp.write_text(jsonout.write_document(record, indent=2) + "\n", encoding="utf-8")
     return record
 
 
@@ -892,7 +892,7 @@ def main(run_dir: str, devices: str | None, ledgers: Iterable[str] | None, as_js
     record = audit(run_dir, parse_devices(devices), list(ledgers or []) or None, progress=not (as_json or quiet),
                    allow_code=allow_code)
     if as_json:
-        print(json.dumps(record, indent=2))
+        print(jsonout.write_document(record, indent=2))
     else:
         print(describe(record))
         for kind, v in record["mismatches"].items():

@@ -11,7 +11,10 @@ import json
 import math
 from typing import Any
 
-__all__ = ["finite", "dumps"]
+__all__ = ["finite", "dumps", "document", "write_document", "MEANING"]
+
+#: what a ``non_finite`` entry says about the nulls it lists
+MEANING = "these figures are null in this file: not finite (nan: undefined, inf: unbounded or infeasible)"
 
 
 def _label(x: float) -> str:
@@ -42,3 +45,20 @@ def finite(obj: Any, where: str = "") -> tuple[Any, dict[str, str]]:
 def dumps(obj: Any, **kwargs: Any) -> str:
     """``json.dumps`` of :func:`finite`'s copy of ``obj``: never a bare NaN or Infinity."""
     return json.dumps(finite(obj)[0], allow_nan=False, **kwargs)
+
+
+def document(obj: Any) -> Any:
+    """:func:`finite`'s copy of ``obj`` that says where its nulls stand for non-finite figures: a dict gets a
+    ``non_finite`` entry ({"values": {path: "nan" | "inf" | "-inf"}, "meaning": ...}) when it held any; a
+    list of dicts gets one in each dict that did. Anything else: the copy alone."""
+    if isinstance(obj, list) and all(isinstance(o, dict) for o in obj):
+        return [document(o) for o in obj]
+    clean, found = finite(obj)
+    if found and isinstance(clean, dict):
+        clean["non_finite"] = {"values": found, "meaning": MEANING}
+    return clean
+
+
+def write_document(obj: Any, **kwargs: Any) -> str:
+    """The strict JSON text of :func:`document`'s copy of ``obj``."""
+    return json.dumps(document(obj), allow_nan=False, **kwargs)

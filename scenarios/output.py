@@ -546,10 +546,8 @@ def write_run_dir(result: RunResult, out: Path, ledger_rows: bool = True, transc
     s["files"] = {**table_files, **files, **eps_delta, **attack_files}
     s["write_seconds"] = {"total": round(time.perf_counter() - start, 4), "files": {**table_seconds, **seconds},
                           "computed": computed}
-    clean, non_finite = jsonout.finite(s)
-    if non_finite:  # strict JSON has no NaN or infinity: each is null in the file, and named here
-        s["non_finite"] = clean["non_finite"] = {
-            "values": non_finite, "meaning": "these figures are null in this file: not finite (nan: undefined, "
-                                             "inf: unbounded or infeasible)"}
+    clean = jsonout.document(s)  # strict JSON has no NaN or infinity: each is null in the file, and named
+    if "non_finite" in clean:
+        s["non_finite"] = clean["non_finite"]
     _write_text(out / "summary.json", json.dumps(clean, indent=2, allow_nan=False) + "\n")
     return s

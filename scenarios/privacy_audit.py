@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import json
 import math
 import sys
 import time
@@ -42,7 +41,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from protocols.ledger import exceeds
-from scenarios import schema
+from scenarios import jsonout, schema
 from scenarios.schema import PROTOCOLS, Scenario, ScenarioError
 
 LEVEL = 0.99  # confidence of each Clopper-Pearson interval
@@ -592,7 +591,7 @@ def write(rows: Sequence[Row], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     records = [r.as_dict() for r in rows]
     tmp = out / "privacy_audit.json.tmp"
-    tmp.write_text(json.dumps(records, indent=1) + "\n")
+    tmp.write_text(jsonout.write_document(records, indent=1) + "\n")
     tmp.replace(out / "privacy_audit.json")
     keys = list(records[0]) if records else []
     tmp = out / "privacy_audit.csv.tmp"
@@ -629,7 +628,7 @@ def main(target: str, trials: int, rounds: int, as_json: bool, out: str | None, 
     folder = Path(out) if out else Path("runs") / f"privacy-audit-{label}-{time.strftime('%Y%m%d-%H%M%S')}"
     write(rows, folder)
     if as_json:
-        print(json.dumps([r.as_dict() for r in rows], indent=1))
+        print(jsonout.write_document([r.as_dict() for r in rows], indent=1))
     else:
         print(format_table(rows))
         print(f"\nwrote {folder}/privacy_audit.json, privacy_audit.csv and one plot per protocol")

@@ -4,10 +4,11 @@ table of an older run beside a newer summary, errors that name the misspelled ke
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
-from scenarios import cli, output, runner, schema
+from scenarios import cli, jsonout, output, runner, schema
 
 
 def _run(*overrides: str) -> dict:
@@ -99,3 +100,15 @@ def test_summary_json_is_strict_json_and_names_each_figure_that_is_not_finite(tm
         s = json.loads(text, parse_constant=_strict)
         assert s["parameters"]["derived"]["a"] is None
         assert s["non_finite"]["values"] == {"parameters.derived.a": "inf"}
+
+
+def test_strict_documents_name_each_null_that_stands_for_a_non_finite_figure() -> None:
+    """compare.json, audit.json and privacy_audit.json go through jsonout.document: a dict says where its nulls
+    were not finite, a list of rows says it row by row, and the text is strict JSON (no NaN, no Infinity)."""
+    record = {"a": 1.0, "b": {"c": math.nan, "d": [0.5, -math.inf]}, "e": None}
+    doc = json.loads(jsonout.write_document(record), parse_constant=_strict)
+    assert doc["b"] == {"c": None, "d": [0.5, None]} and doc["e"] is None
+    assert doc["non_finite"]["values"] == {"b.c": "nan", "b.d[1]": "-inf"}
+    rows = json.loads(jsonout.write_document([{"x": math.inf}, {"x": 2.0}]), parse_constant=_strict)
+    assert rows == [{"x": None, "non_finite": {"values": {"x": "inf"}, "meaning": jsonout.MEANING}}, {"x": 2.0}]
+    assert "non_finite" not in jsonout.document({"x": 1.0})
