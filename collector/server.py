@@ -32,6 +32,7 @@ gets at most one line per drop cause per round, and one line with the round's co
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import resource
 import socket
@@ -64,6 +65,15 @@ def fd_ceiling() -> int:
     return 1 << 30 if soft == resource.RLIM_INFINITY else max(1, soft - FD_MARGIN)
 
 
+#: bytes of a Hello beside its ids (type, round, protocol name, mac, fingerprint, msgpack framing), with room
+HELLO_OVERHEAD = 64 * 1024
+
+
+def hello_frame_limit(n_devices: int) -> int:
+    """The longest first frame a connection may send: a Hello naming the whole population as 64-bit ids."""
+    return 8 * int(n_devices) + HELLO_OVERHEAD
+
+
 class _PausedProtocol(asyncio.StreamReaderProtocol):
     """A connection that starts with reading paused, so that no byte of the client's TLS handshake lands in the
     plain StreamReader before ``start_tls`` (which resumes reading) takes the transport over. The connection
@@ -78,9 +88,10 @@ class Refused(Exception):
     """A connection the server drops: ``cause`` is the counter, ``detail`` the log line; ``tell``: a refusal
     that trying again cannot cure, whose reason the client is sent (a Refusal frame) before the close."""
 
-    def __init__(self, cause: str, detail: str = "", tell: bool = False) -> None:
+    def __init__(self, cause: str, detail: str = "", tell: bool = False, told: str | None = None) -> None:
         super().__init__(detail or cause)
         self.cause, self.detail, self.tell = cause, detail or cause, tell
+        self.told = told or self.detail  # what the client is sent (an unauthenticated peer learns less)
 
 
 @dataclass(eq=False)  # identity-hashed: connections live in a set
@@ -91,6 +102,7 @@ class Connection:
     acked: bool = False
     hello: bool = False  # registered (one Hello per connection)
     ready: bool = False  # TLS (if any) is up: broadcasts may be written
+    verifying: bool = False  # its Hello's MAC is being checked: no broadcast until it is registered or refused
     nonce: bytes | None = None  # the challenge its Hello must answer (with a secret)
     closed: bool = False  # dropped or released
 
@@ -148,6 +160,7 @@ class LiveCollector:
         self._stage_frame: bytes | None = None
         self._acked = asyncio.Event()
         self._registered = asyncio.Event()
+        self._verifying = asyncio.Lock()  # one Hello's MAC checked at a time (_admit)
         self._logged = 0
         self.current_round = 0
         self.frames_sent = 0
@@ -222,7 +235,9 @@ class LiveCollector:
         self.connections.add(conn)
         settings = self.settings
         loop = asyncio.get_running_loop()
-        decoder = FrameDecoder(settings.max_frame)
+        # until its Hello is accepted a connection may send no frame longer than a Hello of the whole population:
+        # an unauthenticated peer holds no 64 MB frame of the shared buffer budget
+        decoder = FrameDecoder(min(settings.max_frame, hello_frame_limit(self.n_devices)))
         counted = 0  # this connection's bytes in the buffer budget
         cause, detail = None, ""
         try:
@@ -264,7 +279,10 @@ class LiveCollector:
                     raise Refused("buffer_budget", f"incomplete frames hold {self._buffered} bytes (budget "
                                                    f"{settings.buffer_budget})")
                 for raw in frames:
-                    self._on_frame(conn, raw)
+                    hello = self._on_frame(conn, raw)
+                    if hello is not None:
+                        await self._admit(conn, hello)
+                        decoder.max_frame = settings.max_frame
         except asyncio.TimeoutError:
             cause = "read_timeout" if conn.hello or decoder.pending else "hello_timeout"
             detail = "frame not complete within the read timeout" if cause == "read_timeout" else "no hello in time"
@@ -276,7 +294,7 @@ class LiveCollector:
             cause, detail = exc.cause, exc.detail
             if exc.tell:  # the reason goes to the client before the close
                 self._drop(conn, cause, detail, farewell=Refusal(max(1, self.current_round), self.protocol.name,
-                                                                 detail[:wire.MAX_REASON]))
+                                                                 exc.told[:wire.MAX_REASON]))
         except (OSError, asyncio.IncompleteReadError):
             pass  # the connection is gone (reset, or a TLS error on a closed socket)
         except asyncio.CancelledError:
@@ -332,12 +350,12 @@ class LiveCollector:
             self._registered.clear()  # the start gate is open only while every device is held
         self._check_acks()
 
-    def _on_frame(self, conn: Connection, raw: bytes) -> None:
+    def _on_frame(self, conn: Connection, raw: bytes) -> Hello | None:
+        """Handle one frame; a Hello is returned to the caller, which admits it (:meth:`_admit`)."""
         self.stats.received += 1
         msg = wire.decode(raw, self.settings.max_frame)  # WireError: the connection is dropped by the caller
         if isinstance(msg, Hello):
-            self._on_hello(conn, msg)
-            return
+            return msg
         try:
             if not isinstance(msg, ReportBatch):
                 raise ProtocolError(f"devices may not send {type(msg).__name__} messages")
@@ -362,29 +380,54 @@ class LiveCollector:
             if self._logged <= LOGGED_REJECTIONS_PER_ROUND:
                 self.log.warning("message_rejected", kind="protocol", reason=str(exc)[:200])
 
-    def _on_hello(self, conn: Connection, msg: Hello) -> None:
-        """Register the Hello's devices on ``conn``, or raise :class:`Refused` (cheap checks first)."""
+    async def _admit(self, conn: Connection, msg: Hello) -> None:
+        """Register the Hello's devices on ``conn``, or raise :class:`Refused`: the cheap checks first, then (with
+        a secret) the MAC, one Hello at a time on a worker thread (about 1.5 us an id: the event loop keeps
+        serving every other connection), then the checks that tell an authenticated peer about this run."""
+        self._check_ids(conn, msg)
+        secret = self.settings.secret
+        if secret is not None:
+            # no stage message meanwhile: its client would answer it, and a refusal that follows could then
+            # reset the connection before the client reads why (a registered connection gets the open stage's)
+            conn.verifying = True
+            try:
+                async with self._verifying:
+                    verified = await asyncio.get_running_loop().run_in_executor(
+                        None, functools.partial(auth.verify_hello, secret, conn.nonce or b"", msg.round,
+                                                msg.protocol, msg.devices.astype(np.uint64), msg.mac))
+            finally:
+                conn.verifying = False
+            if not verified:
+                raise Refused("auth", "hello without a valid mac for its devices" if msg.mac is not None
+                              else "hello without a mac (the collector requires device authentication)", tell=True)
+            if conn.closed:
+                return
+        self._on_hello(conn, msg)
+
+    def _check_ids(self, conn: Connection, msg: Hello) -> None:
+        """The checks that cost nothing per id, before any key is derived: one Hello a connection, at least one
+        id, every id in the population. With a secret an out-of-range Hello is told what a bad MAC is told (an
+        unauthenticated peer learns nothing of the population); the counter says which."""
         if conn.hello:
             raise Refused("second_hello", "a connection registers once")
         ids = msg.devices  # unsigned and strictly increasing (wire.decode): no duplicates, the last is the largest
         if ids.size == 0:
             raise Refused("empty_hello", "a hello names at least one device")
-        # credentials first: a peer without them learns nothing (not the population, the scenario or held ids)
-        secret = self.settings.secret
-        if secret is not None and not auth.verify_hello(secret, conn.nonce or b"", msg.round, msg.protocol,
-                                                        ids.astype(np.uint64), msg.mac):
-            raise Refused("auth", "hello without a valid mac for its devices" if msg.mac is not None
-                          else "hello without a mac (the collector requires device authentication)", tell=True)
+        if int(ids[-1]) >= self.n_devices:  # compared as Python ints: no int64 wraparound for ids >= 2^63
+            raise Refused("ids_out_of_range", f"hello names device {int(ids[-1])} outside the population of "
+                                              f"{self.n_devices}", tell=True,
+                          told="hello without a valid mac for its devices" if self.settings.secret else None)
+
+    def _on_hello(self, conn: Connection, msg: Hello) -> None:
+        """Register a checked Hello's devices on ``conn`` (:meth:`_admit`), or raise :class:`Refused` when they
+        run another protocol or scenario, or another connection holds one of them."""
         if msg.protocol != self.protocol.name:
             raise Refused("protocol", f"the devices run protocol {msg.protocol!r}, this collector "
                                       f"{self.protocol.name!r}", tell=True)
         if self.scenario is not None and msg.scenario is not None and msg.scenario != self.scenario:
             raise Refused("scenario", "the devices run another scenario than this collector (its file or --set "
                                       "options differ)", tell=True)
-        if int(ids[-1]) >= self.n_devices:  # compared as Python ints: no int64 wraparound for ids >= 2^63
-            raise Refused("ids_out_of_range", f"hello names device {int(ids[-1])} outside the population of "
-                                              f"{self.n_devices}", tell=True)
-        ids = ids.astype(np.int64)
+        ids = msg.devices.astype(np.int64)
         held = int(np.count_nonzero(self.holder[ids]))
         if held:  # not told: the holder may be a connection of the same devices that is about to be dropped
             raise Refused("ids_held", f"{held} of the hello's {ids.size} devices are held by another connection")
@@ -417,7 +460,7 @@ class LiveCollector:
         if nominal is not None:
             self.downlink.append(describe(msg, nominal))  # type: ignore[arg-type]
         data = frame(wire.encode(msg))
-        targets = [c for c in self.connections if c.ready]
+        targets = [c for c in self.connections if c.ready and not c.verifying]
         for conn in targets:
             conn.acked = False
         self._waiting = {c for c in self.connections if c.devices.size}

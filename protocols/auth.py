@@ -24,9 +24,10 @@ in constant time (:func:`hmac.compare_digest`).
 - *No replay:* ``N`` is fresh per connection (``os.urandom``), so a Hello captured on one connection does not
   verify on another; a connection takes one Hello only.
 - *Cost:* the collector computes one HMAC per named device (about 1.5 us: 1.5 s for a million devices, once
-  per connection's Hello) and the client the same once at start. The collector checks ids cheaply first
-  (range, duplicates, devices held by another connection) so that an unauthenticated peer cannot make it
-  derive keys for ids the checks refuse.
+  per connection's Hello, in constant memory) and the client the same once at start. The collector checks
+  ids cheaply first (range, duplicates, devices held by another connection), so that an unauthenticated
+  peer cannot make it derive keys for ids the checks refuse, and refuses a first frame longer than a Hello of
+  its whole population; it verifies one Hello at a time, off its event loop (collector/server.py).
 
 Without TLS the rest of the connection is not integrity-protected: an on-path attacker could inject frames
 into an authenticated connection. Use ``--tls-cert``/``--tls-key`` (server) and ``--tls-ca`` (client) where the
@@ -116,10 +117,26 @@ def hello_mac(keys: bytes, nonce: bytes, round_: int, protocol: str, ids: np.nda
     return hmac.digest(keys, hello_message(nonce, round_, protocol, ids), "sha256")
 
 
+#: ids whose credentials :func:`verify_hello` derives at a time (2 MB of keys)
+VERIFY_CHUNK = 1 << 16
+
+
 def verify_hello(secret: bytes, nonce: bytes, round_: int, protocol: str, ids: np.ndarray,
                  mac: bytes | None) -> bool:
-    """Whether ``mac`` is the Hello MAC for these devices under ``secret`` and this connection's ``nonce``."""
+    """Whether ``mac`` is the Hello MAC for these devices under ``secret`` and this connection's ``nonce``.
+
+    In constant memory: HMAC replaces a key longer than its 64-byte block by the key's SHA256, so the
+    concatenated credentials are hashed as they are derived, :data:`VERIFY_CHUNK` ids at a time (a Hello of
+    millions of ids held gigabytes of keys at once)."""
     if mac is None or len(ids) == 0:
         return False
-    expected = hello_mac(device_keys(secret, ids), nonce, round_, protocol, ids)
+    ids = np.asarray(ids)
+    if ids.size * KEY_BYTES <= 64:  # a short key is used as it is
+        keys = device_keys(secret, ids)
+    else:
+        digest = hashlib.sha256()
+        for at in range(0, ids.size, VERIFY_CHUNK):
+            digest.update(device_keys(secret, ids[at:at + VERIFY_CHUNK]))
+        keys = digest.digest()
+    expected = hmac.digest(keys, hello_message(nonce, round_, protocol, ids), "sha256")
     return hmac.compare_digest(expected, mac)

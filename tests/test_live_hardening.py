@@ -26,6 +26,7 @@ import msgpack
 import numpy as np
 import pytest
 
+from collector import server as server_module
 from collector.server import LiveSettings
 from protocols import auth, wire
 from protocols.framing import frame
@@ -187,6 +188,18 @@ def test_hello_mac_binds_nonce_ids_round_and_protocol() -> None:
     assert not auth.verify_hello(SECRET, nonce, 1, PROTOCOL, np.arange(0), mac)
 
 
+def test_a_hello_of_many_ids_is_verified_in_chunks_with_the_same_answer(monkeypatch) -> None:
+    """verify_hello hashes the credentials as it derives them (a 16M-id Hello held 4 GB of keys at once): across
+    chunk boundaries and for the short keys of one or two devices it agrees with the MAC of the whole key."""
+    monkeypatch.setattr(auth, "VERIFY_CHUNK", 7)
+    nonce = bytes(range(32))
+    for n in (1, 2, 3, 7, 8, 50):
+        ids = np.arange(3, 3 + n)
+        mac = auth.hello_mac(auth.device_keys(SECRET, ids), nonce, 1, PROTOCOL, ids)
+        assert auth.verify_hello(SECRET, nonce, 1, PROTOCOL, ids, mac), n
+        assert not auth.verify_hello(SECRET, nonce, 1, PROTOCOL, ids + 1, mac), n
+
+
 def test_read_secret(tmp_path) -> None:
     (tmp_path / "s").write_bytes(SECRET + b"\n")
     assert auth.read_secret(tmp_path / "s") == SECRET
@@ -341,6 +354,50 @@ async def test_devices_of_another_protocol_or_scenario_are_refused_with_the_reas
 
 
 @pytest.mark.asyncio
+async def test_a_hello_outside_the_population_costs_no_key_and_tells_nothing_of_it(monkeypatch) -> None:
+    """With a secret, a Hello naming ids beyond the population (millions of them would take seconds of key
+    derivation) is refused before any credential is derived, told what a bad MAC is told (not the population
+    size) and counted as out of range; an honest Hello's MAC is checked on a worker thread, not on the event
+    loop that serves every connection. The honest run is the simulated run."""
+    import threading
+
+    derived: list[int] = []
+    threads: list[int] = []
+    real_keys, real_verify = auth.device_keys, auth.verify_hello
+
+    def counting_keys(secret, ids):
+        derived.append(len(ids))
+        return real_keys(secret, ids)
+
+    def recording_verify(*args):
+        threads.append(threading.get_ident())
+        return real_verify(*args)
+
+    monkeypatch.setattr(auth, "device_keys", counting_keys)
+    monkeypatch.setattr(auth, "verify_hello", recording_verify)
+    h = await started(settings=dataclasses.replace(FAST, secret=SECRET))
+    await h.registered()
+    n = h.sc.devices
+    derived.clear()
+    before = len(threads)
+    reader, writer = await connect(h.port)
+    challenge = await read_frame(reader)
+    assert isinstance(challenge, Challenge)
+    writer.write(hello(np.arange(n - 10, n + 5000), mac=bytes(32)))
+    refusal = await read_frame(reader)
+    while not isinstance(refusal, Refusal):  # (the round's broadcasts go to every connection)
+        refusal = await read_frame(reader)
+    assert isinstance(refusal, Refusal) and refusal.reason == "hello without a valid mac for its devices"
+    assert str(n) not in refusal.reason
+    assert await closed_by_server(reader)
+    writer.close()
+    assert derived == [] and len(threads) == before  # not a key derived, no verification started
+    got = await h.finish()
+    assert got["digests"] == simulated() and h.server.drops == {"ids_out_of_range": 1}
+    assert threads and threading.get_ident() not in threads  # the honest Hellos: verified off the loop's thread
+
+
+@pytest.mark.asyncio
 async def test_a_device_client_under_another_secret_stops_with_the_reason() -> None:
     """A shard whose credentials come from another secret is refused with a reason and stops, instead of
     reconnecting twenty times a second for ever; the honest shards' run is the simulated run."""
@@ -353,7 +410,7 @@ async def test_a_device_client_under_another_secret_stops_with_the_reason() -> N
                                  secret=b"not the deployment secret at all")
     with pytest.raises(CollectorRefused, match="without a valid mac"):
         await asyncio.wait_for(stranger.run(), 10)
-    assert stranger.connections == 1
+    assert stranger.connections == 1, (h.server.drops, h.log()[-8:])
     got = await h.finish()
     assert got["digests"] == simulated() and h.server.drops == {"auth": 1}
 
@@ -479,16 +536,20 @@ async def test_trickled_oversized_and_budget_busting_frames_are_dropped() -> Non
     took = await trickle()
     assert took < 1.5
     await send_and_expect_close(h.port, struct.pack(">I", wire.MAX_MESSAGE_BYTES + 1) + b"x" * 10)
+    # before its Hello a connection sends no frame longer than a Hello of the whole population (400 ids)
+    limit = server_module.hello_frame_limit(h.sc.devices)
+    assert limit < 100_000
+    await send_and_expect_close(h.port, struct.pack(">I", limit + 1) + b"x" * 10)
     reader_a, writer_a = await connect(h.port)
-    writer_a.write(struct.pack(">I", 80_000) + b"a" * 60_000)
+    writer_a.write(struct.pack(">I", 60_000) + b"a" * 55_000)
     await writer_a.drain()
     await asyncio.sleep(0.05)
-    await send_and_expect_close(h.port, struct.pack(">I", 80_000) + b"b" * 60_000)  # 120,000 > 100,000
+    await send_and_expect_close(h.port, struct.pack(">I", 60_000) + b"b" * 55_000)  # 110,000 > 100,000
     assert await closed_by_server(reader_a)  # then the first one's read timeout
     writer_a.close()
     got = await h.finish()
     assert got["digests"] == simulated()
-    assert h.server.drops == {"read_timeout": 2, "oversized": 1, "buffer_budget": 1}
+    assert h.server.drops == {"read_timeout": 2, "oversized": 2, "buffer_budget": 1}
     assert h.server._buffered == 0
 
 
@@ -524,7 +585,8 @@ async def test_a_connection_flood_beyond_the_limit() -> None:
 @pytest.mark.asyncio
 async def test_deep_nesting_is_a_wire_error_and_the_run_is_unaffected() -> None:
     """A Hello whose protocol field is nested 1,000 arrays deep, and a frame of a million empty arrays: each is a
-    WireError (no RecursionError, no gigabytes of objects), counted; the connection is dropped."""
+    WireError (no RecursionError, no gigabytes of objects); the connection is dropped and counted (the second,
+    5 MB before any Hello, as oversized: longer than a Hello of the population)."""
     deep = b"\x91" * 1000 + b"\x01"
     doc = (b"\x84" + msgpack.packb("v") + b"\x01" + msgpack.packb("type") + msgpack.packb("hello")
            + msgpack.packb("round") + b"\x01" + msgpack.packb("protocol") + deep)
@@ -538,7 +600,7 @@ async def test_deep_nesting_is_a_wire_error_and_the_run_is_unaffected() -> None:
         await send_and_expect_close(h.port, frame(raw))
     got = await h.finish()
     assert got["digests"] == simulated()
-    assert h.server.drops == {"malformed": 2}
+    assert h.server.drops == {"malformed": 1, "oversized": 1}
 
 
 # ----------------------------------------------------------------------------------------------- TLS
