@@ -28,6 +28,11 @@ MAX_ROUND = 2**31 - 1
 SLACK = 1e-9  # float tolerance of the budget test (charges are sums of a few floats)
 
 
+class BudgetOverrun(RuntimeError):
+    """A charge that would take a device past its budget (:meth:`Guard.charge`): a device side that did not ask
+    :meth:`Guard.affordable` first. The charge is not made and the cohort's answer is not sent."""
+
+
 @dataclass(frozen=True)
 class Limits:
     """What a device will do at most. ``horizon``: the last collection round (the last epoch for epoch
@@ -109,8 +114,19 @@ class Guard:
 
     def charge(self, round_: int, now: float, reason: str, amount: float, rows: np.ndarray) -> Charge:
         """Spend ``amount`` for the devices at ``rows`` (an index array or a boolean mask over the cohort) and
-        return the ledger record. The only way a device side makes a cumulative charge."""
+        return the ledger record. The only way a device side makes a cumulative charge.
+
+        With a budget, a device side asks :meth:`affordable` before it computes a report; a charge that would
+        still take a device past the budget raises :class:`BudgetOverrun` (a device side that forgot to ask:
+        the cohort's answer is not sent), so no protocol, built-in or plugin, spends past it."""
         idx = np.flatnonzero(rows) if rows.dtype == np.bool_ else np.asarray(rows, dtype=np.int64)
+        budget = self.limits.budget
+        if budget is not None and amount > 0 and idx.size:
+            worst = float(self.spent.max() if idx.size == self.spent.size else self.spent[idx].max())
+            if worst + amount > budget + SLACK:
+                raise BudgetOverrun(f"a device side charged {amount:.6g} ({reason!r}, round {round_}) to a device "
+                                    f"that has spent {worst:.6g} of its budget {budget:.6g}: it must ask "
+                                    f"Guard.affordable before computing a report (a bug in the protocol)")
         if amount > 0 and idx.size == self.spent.size:  # every device (a fresh round): no gather/scatter
             self.spent += amount
         elif amount > 0 and idx.size:

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from agents.behavior import BehaviorError
+from protocols.guard import BudgetOverrun
 from scenarios import allocator, jsonout, resources
 from scenarios.schema import ScenarioError, load
 
@@ -685,6 +686,9 @@ def _command(args: argparse.Namespace) -> int:
     except BehaviorError as exc:  # a scripted behavior that failed during the run (agents/behavior.py)
         print(f"ldpsim: error: behavior: {exc}", file=sys.stderr)
         return 2
+    except BudgetOverrun as exc:  # a device side (a plugin's) that charged past the budget: stopped, not sent
+        print(f"ldpsim: error: privacy: {exc}", file=sys.stderr)
+        return 1
     except (NotADirectoryError, IsADirectoryError, FileExistsError, PermissionError, FileNotFoundError) as exc:
         # e.g. --out a/b where a is a file, or under /proc, or a folder it may not write: the path and the
         # reason, not a traceback

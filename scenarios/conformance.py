@@ -183,11 +183,25 @@ def check_wire(sc: Any, mutations: int = 2000, seed: int = 0) -> dict[str, int]:
 
 
 def check_hostile(sc: Any) -> dict[str, float]:
-    """Every common hostile behavior: within the guarantee, messages ignored, the honest run's ledger."""
+    """Every common hostile behavior: within the guarantee, messages ignored, the honest run's ledger; and a
+    ``[privacy] budget`` of half the honest run's largest spend holds under an honest and a replaying collector
+    (a device side must ask ``Guard.affordable`` before it reports: one that charges past the budget stops the
+    run with ``BudgetOverrun``)."""
+    from protocols.guard import BudgetOverrun
     from scenarios import schema
 
     honest = _summary(sc)
     out = {}
+    budget = float(honest["privacy"]["max_spend"]) / 2
+    for behavior in ("honest", "replay") if budget > 0 else ():
+        try:
+            s = _summary(dataclasses.replace(sc, budget=budget, behavior=behavior))
+        except BudgetOverrun as exc:
+            raise _fail("budget", f"{behavior} collector, budget {budget:.6g}: {exc}") from None
+        pv = s["privacy"]
+        if not pv["within_budget"] or exceeds(pv["max_spend"], budget):
+            raise _fail("budget", f"{behavior} collector: a device spent {pv['max_spend']} > budget {budget:.6g}")
+        out[f"budget under {behavior}"] = float(pv["max_spend"])
     for behavior in schema.BEHAVIORS:
         if behavior == "honest" or behavior in schema.PROTOCOL_BEHAVIORS:
             continue

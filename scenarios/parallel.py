@@ -30,6 +30,8 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from agents.behavior import BehaviorError
+from protocols.guard import BudgetOverrun
 from protocols.ledger import Charge
 from scenarios.pipes import read_frame, write_frame
 
@@ -59,6 +61,11 @@ AUTO_THREAD_COHORT = 50_000
 
 class WorkerError(RuntimeError):
     """A shard worker failed or exited; the message carries its traceback's last lines."""
+
+
+#: errors a worker's device side raises that the parent raises again as they are (the command's one-line
+#: report): a device side that charged past its budget, a scripted behavior that failed
+_RERAISED: dict[str, type[Exception]] = {"BudgetOverrun": BudgetOverrun, "BehaviorError": BehaviorError}
 
 
 def available_cores() -> int:
@@ -177,6 +184,8 @@ class ProcessShards:
             proc.wait()
             raise WorkerError(f"a shard worker exited with status {proc.returncode}") from None
         if isinstance(out, dict) and "error" in out:
+            if out.get("raise") in _RERAISED:  # the worker's own error, with its message
+                raise _RERAISED[out["raise"]](str(out.get("message", "")))
             raise WorkerError(f"a shard worker failed: {out['error']}")
         return out
 
@@ -312,8 +321,11 @@ def worker(stdin: BinaryIO, stdout: BinaryIO) -> int:
                                 "prefetch_seconds": busy[3]})
             else:
                 raise RuntimeError(f"unknown command {op!r}")
-        except Exception:
-            write_frame(stdout, {"error": "".join(traceback.format_exc().splitlines(True)[-6:])[-2000:]})
+        except Exception as exc:
+            reply = {"error": "".join(traceback.format_exc().splitlines(True)[-6:])[-2000:]}
+            if type(exc).__name__ in _RERAISED:  # an error the command reports in one line: raised again there
+                reply["raise"], reply["message"] = type(exc).__name__, str(exc)[:2000]
+            write_frame(stdout, reply)
 
 
 if __name__ == "__main__":

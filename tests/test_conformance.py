@@ -51,3 +51,33 @@ def test_a_broken_protocol_fails_the_kit() -> None:
     sc = dataclasses.replace(sc, protocol=UnkeyedParams(**dataclasses.asdict(sc.protocol)))
     with pytest.raises(testing.ConformanceError, match="cohort split"):
         testing.check_cohort_split(sc)
+
+
+def test_a_protocol_that_charges_past_the_budget_fails_the_kit() -> None:
+    """A device side that never asks Guard.affordable is stopped by the guard at the charge that would pass the
+    budget (BudgetOverrun: the cohort's answer is not sent), and the kit says so."""
+    import dataclasses
+
+    import numpy as np
+
+    from protocols.baselines import KFlipDevices, KFlipParams
+    from protocols.guard import BudgetOverrun
+
+    class Careless(KFlipDevices):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.guard.affordable = lambda cost, rows=None: np.ones(np.asarray(rows).shape, dtype=bool)
+
+    @dataclasses.dataclass(frozen=True)
+    class CarelessParams(KFlipParams):
+        def make_devices(self, seed, device_ids, limits=None):
+            return Careless(self, seed, device_ids, limits)
+
+    sc = testing.scenario_for(TABLES["kflip"], devices=60, rounds=4)
+    sc = dataclasses.replace(sc, protocol=CarelessParams(**dataclasses.asdict(sc.protocol)))
+    with pytest.raises(testing.ConformanceError, match="budget.*must ask Guard.affordable"):
+        testing.check_hostile(sc)
+    from scenarios import runner
+
+    with pytest.raises(BudgetOverrun):
+        runner.run(dataclasses.replace(sc, budget=1.5 * sc.protocol.round_epsilon))
