@@ -205,6 +205,12 @@ def _int(body: dict, key: str, lo: int, hi: int) -> int:
     return v
 
 
+def valid_name(name: str) -> bool:
+    """Whether a protocol name can travel in a message: a lowercase letter or digit, then up to 63 more of
+    a-z, 0-9, _ and -."""
+    return bool(_NAME.match(name))
+
+
 def _name(body: dict, key: str) -> str:
     v = body[key]
     if not isinstance(v, str) or not _NAME.match(v):

@@ -60,8 +60,8 @@ def not_applicable(params: Any) -> str | None:
     """None when the attacks read this protocol's reports; otherwise why they do not."""
     if family(params) is not None:
         return None
-    return _WHY_NOT.get(params.kind, f"{params.name} sends one randomized bucket a round: no per-device estimator "
-                                     "is implemented for it")
+    return _WHY_NOT.get(params.kind, f"{params.name} declares no report_family (onebit, bitflip or value) on its "
+                                     "parameter class: the attacks do not know how to read its reports")
 
 
 # ------------------------------------------------------------------------------------------- report model

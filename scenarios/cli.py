@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from agents.behavior import BehaviorError
 from protocols.guard import BudgetOverrun
@@ -136,14 +137,35 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     err, eps, pv = summary["error"], summary["epsilon"], summary["privacy"]
     print(f"mean |error| {_num(err['mean_abs'])}, max |error| {_num(err['max_abs'])} "
-          f"({metrics.ERROR_OF.get(scenario.protocol.kind, 'per estimated number')}); per-device spend: "
+          f"({metrics.error_of(scenario.protocol)}{_missing_rounds(err, scenario)}); per-device spend: "
           f"max {_num(eps['max'])}, mean {_num(eps['mean'])}, p99 {_num(eps['p99'])} "
           f"(guarantee {_num(pv['guarantee'])}{_within_pattern(pv)}); messages rejected "
           f"{summary['messages']['rejected']}; "
           f"{summary['wall_seconds']:.2f} s", file=sys.stderr if args.json else sys.stdout)
     if args.json:  # stdout holds summary.json alone, for a pipe into a JSON reader
         print(jsonout.dumps(summary, indent=2))
-    return 0
+    return _privacy_verdict(pv)
+
+
+def _missing_rounds(err: dict, scenario: Any) -> str:
+    """"; N rounds without an estimate, left out" when the error figures leave some out (epochs for THRESH)."""
+    missing = int(err.get("rounds_without_estimate") or 0)
+    unit = "epoch" if scenario.protocol.kind == "epoch" else "round"
+    return f"; {missing} {unit}{'s' if missing != 1 else ''} without an estimate, left out" if missing else ""
+
+
+def _privacy_verdict(pv: dict) -> int:
+    """1, with a line on stderr, when a device spent past the protocol's own guarantee or the budget (a
+    protocol whose guarantee is wrong: its devices charged more than it claims); else 0."""
+    broken = [what for what, ok in (("its guarantee", pv.get("within_guarantee")),
+                                     ("the budget", pv.get("within_budget"))) if ok is False]
+    if not broken:
+        return 0
+    budget = "" if pv.get("budget") is None else f", budget {_num(pv['budget'])}"
+    print(f"ldpsim: error: privacy: a device spent {_num(pv.get('max_spend'))}, past {' and '.join(broken)} "
+          f"(guarantee {_num(pv.get('guarantee'))}{budget}): the protocol charges more than it claims; the run "
+          f"directory is kept for `ldpsim audit`", file=sys.stderr)
+    return 1
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -279,7 +301,7 @@ def cmd_live(args: argparse.Namespace) -> int:
     summary = output.write_run_dir(result, out, ledger_rows=not args.no_ledger_rows)
     print(f"live run over {args.connections} connection(s): mean |error| {_num(summary['error']['mean_abs'])}; "
           f"digests {summary['digests']['transcript'][:12]}...; {summary['wall_seconds']:.2f} s -> {out}")
-    return 0
+    return _privacy_verdict(summary["privacy"])
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

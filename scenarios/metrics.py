@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -44,6 +45,15 @@ ERROR_OF = {"mean": "of each round's mean counter, in the counter's units",
             "stream": "of each round's sum over devices, in the counter's units",
             "histogram": "of each bucket's frequency",
             "counters": "of each round's mean of each counter, in the counters' units"}
+
+
+
+def error_of(params: Any) -> str:
+    """What a protocol's error figures are errors of: its parameter class's ``error_of`` (a plugin's own
+    words), else :data:`ERROR_OF` by its kind of estimate."""
+    own = getattr(params, "error_of", None)
+    return own if isinstance(own, str) and own else ERROR_OF.get(params.kind, "per estimated number")
+
 
 #: each figure of summary.json's ``error`` in words (a sweep's plot axes)
 ERROR_FIGURES = {"mean_abs": "mean |error| over every estimated number",

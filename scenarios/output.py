@@ -336,7 +336,9 @@ def _write_estimates(result: RunResult, out: Path, seconds: dict[str, float] | N
         table(["round", "truth", "estimate", "error", "theory_sd", "reports", "clipped"],
               [rounds, truth, est, est - truth, sd, reports, clipped])
         title = f"{sc.name}: {sc.protocol.name}, ε = {sc.protocol.epsilon:g}, n = {sc.devices:,}"
-        draw("estimates_plot", rounds, truth, est, sd, title, [c.round for c in sc.changes])
+        label = getattr(sc.protocol, "estimate_label", None)  # a plugin's own words for what it estimates
+        draw("estimates_plot", rounds, truth, est, sd, title, [c.round for c in sc.changes],
+             *((str(label),) if label else ()))
         return
     k = width_of(sc.protocol)
     truth, est, sd = (_stack([getattr(r, f) for r in recs], k) for f in ("truth", "estimate", "sd_theory"))

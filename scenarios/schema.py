@@ -204,6 +204,12 @@ def _protocol(pt: _Table, ctx: Context) -> ProtocolParams:
         raise
     except ValueError as exc:  # the parameter class's own consistency checks
         raise ScenarioError(f"protocol: {exc}") from None
+    wire_name = getattr(params, "name", None)
+    if not isinstance(wire_name, str) or not wire.valid_name(wire_name):
+        # every message carries it: a name the wire refuses left a run in which no device ever reported
+        raise ScenarioError(f"protocol.name: {name!r} made a parameter object named {wire_name!r}, which messages "
+                            f"cannot carry (a lowercase letter or digit, then up to 63 of a-z 0-9 _ -): a "
+                            f"module:Class protocol's from_table must return its short name, not the class path")
     pt.done()
     return params
 

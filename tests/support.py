@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import functools
 
+from protocols.baselines import KFlipParams
+from protocols.guard import Guarantee
 from scenarios import schema
 
 __all__ = ["PROTOCOL_TABLES", "live_scenarios", "protocol_scenario"]
@@ -59,3 +61,15 @@ def live_scenarios() -> dict[str, schema.Scenario]:
     out["tops"] = schema.load("tops_pos", ["population.devices=400", "rounds=6", "simulation.cohort_size=100"])
     out["1bitmulti"] = schema.load("apps_multi", ["population.devices=400", "rounds=3", "simulation.cohort_size=100"])
     return out
+
+
+class UnderstatedKFlip(KFlipParams):
+    """k-ary randomized response that claims half the guarantee its devices spend (a broken protocol for the
+    tests: ``ldpsim run`` must say so and exit 1). Named in a scenario as ``tests.support:UnderstatedKFlip``."""
+
+    @classmethod
+    def from_table(cls, name, table, ctx):  # type: ignore[no-untyped-def]
+        return super().from_table("understated", table, ctx)  # the short name messages carry
+
+    def guarantee(self, horizon: int) -> Guarantee:
+        return Guarantee(horizon * self.epsilon / 2, f"R x eps / 2 = {horizon} x {self.epsilon:g} / 2 (understated)")

@@ -573,3 +573,32 @@ def test_a_shard_without_devices_is_refused(capsys) -> None:
     assert main(["devices", "quickstart", "--set", "population.devices=300", "--shard", "1/301", "--connect",
                  "127.0.0.1:9"]) == 2
     assert capsys.readouterr().err.strip() == "ldpsim: error: --shard 1/301: holds no device (300 devices over 301 shards)"
+
+
+def test_run_exits_one_when_a_device_spends_past_the_protocols_own_guarantee(tmp_path, capsys):
+    """A protocol whose guarantee understates what its devices spend: the run completes and keeps its directory
+    (for `ldpsim audit`), says so in one line naming the spend and the guarantee, and exits 1 (it used to exit 0
+    with only summary.json's within_guarantee false). The honest kflip exits 0."""
+    def args(name: str, out: str) -> list[str]:
+        table = f'protocol={{name = "{name}", epsilon = 1.0, max_value = 86400, buckets = 8}}'
+        return ["run", "quickstart", "--out", str(tmp_path / out), "--set", table, "--set", "population.devices=200",
+                "--set", "rounds=4", "--quiet"]
+
+    assert main(args("kflip", "honest")) == 0
+    capsys.readouterr()
+    broken = args("tests.support:UnderstatedKFlip", "broken")
+    assert main(broken) == 1
+    err = capsys.readouterr().err
+    assert "error: privacy: a device spent 4, past its guarantee (guarantee 2)" in err
+    summary = json.loads((tmp_path / "broken" / "summary.json").read_text())
+    assert summary["privacy"]["within_guarantee"] is False
+
+
+def test_a_protocol_class_that_names_itself_with_its_class_path_is_refused(tmp_path, capsys):
+    """A module:Class protocol whose from_table keeps the name it was given ("tests.support:...") made a run in
+    which every message was refused by the wire format and no device ever reported, with exit 0; now it is a
+    one-line error naming the key."""
+    table = 'protocol={name = "protocols.baselines:KFlipParams", epsilon = 1.0, max_value = 86400, buckets = 8}'
+    code = main(["run", "quickstart", "--out", str(tmp_path / "r"), "--set", table, "--quiet"])
+    assert code == 2
+    assert "protocol.name: 'protocols.baselines:KFlipParams' made a parameter object named" in capsys.readouterr().err
