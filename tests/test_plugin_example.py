@@ -107,3 +107,14 @@ def test_audit_of_a_protocol_without_a_reference_model_is_an_input_error(tmp_pat
     assert cli.main(["audit", str(tmp_path / "run"), "--allow-code"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no reference model for protocol 'losue'" in err[0], err
+
+
+def test_privacy_audit_finds_the_example_table_under_the_module_class_name() -> None:
+    """``ldpsim privacy-audit ldpsim_losue:LosueParams`` said the class gave no example table: its ``examples``
+    are keyed by the wire name (losue). A module:Class name with one example gets that example."""
+    from scenarios import privacy_audit
+
+    table = privacy_audit.default_table(MODULE_CLASS)
+    cls = registry.lookup(MODULE_CLASS).params
+    assert table == {"name": MODULE_CLASS, **cls.examples["losue"]}
+    assert privacy_audit.default_table("losue") in (None, {"name": "losue", **cls.examples["losue"]})

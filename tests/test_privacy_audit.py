@@ -144,6 +144,34 @@ def test_audit_catches_a_device_that_spends_more_than_it_charges() -> None:
     assert not honest.exceeds
 
 
+@dataclasses.dataclass(frozen=True)
+class UnflippedParams(OneBitParams):
+    """1BitRRPM whose devices send the memoized bit itself while the parameters (and the ledger, which charges
+    eps for a memo reveal either way) say gamma = 0.1: each report leaks eps = 1, above the per-report
+    guarantee eps' = 0.776 that output perturbation promises."""
+
+    def make_devices(self, seed, device_ids, limits=None):
+        honest = OneBitParams(**{**dataclasses.asdict(self), "gamma": 0.0})
+        return honest.make_devices(seed, device_ids, limits)
+
+
+def test_the_one_report_game_holds_output_perturbation_to_its_per_report_guarantee() -> None:
+    """The one-report game is checked against round_epsilon where it is below the charge: devices that skip
+    output perturbation (leaking eps = 1 a report) exceed the claim 0.776, which the ledger's charge of 1
+    would have passed; the honest devices do not."""
+    table = {"name": MEMOIZED, "epsilon": 1.0, "max_value": 1.0, "granularity": 1.0, "gamma": 0.1}
+    game = pa.games(1)[0]
+
+    def plant(sc):
+        return dataclasses.replace(sc, protocol=UnflippedParams(**dataclasses.asdict(sc.protocol)))
+
+    leaky = pa.audit_game(table, game, 100_000, seed=4, transform=plant)
+    assert leaky.claimed == pytest.approx(math.log((0.8 * math.e / (math.e + 1) + 0.1) / (0.8 / (math.e + 1) + 0.1)))
+    assert leaky.exceeds and leaky.eps_lb > 0.85  # eps_hat ~ 1
+    honest = pa.audit_game(table, game, 100_000, seed=4)
+    assert honest.claimed == leaky.claimed and not honest.exceeds
+
+
 class FloatLaplaceDevices(LaplaceDevices):
     """The textbook float Laplace report x + Laplace(m/eps) by inversion: its low-order bits depend on x."""
 
