@@ -23,6 +23,9 @@ reads eps(delta) after every round for delta = 1e-6 and 1e-9, beside the basic-c
     10^7-fold (1e-6 and 10) get the interval largest loss/1e5 instead of a unit or a thousandth of 1e-6.
   A loss within 1e-9 intervals above a grid point is rounded down to it (float noise in ln(p/q) would
   otherwise cost a whole interval); the reported eps adds t x 1e-9 x interval back, so it stays an upper bound.
+- the pure eps of the pairs composed (the sum of each round's largest loss; the ledger's basic composition
+  where the two agree up to rounding) holds with delta = 0, so eps(delta) is never reported above it: the
+  rounding above put 1BitMean's eps(1e-9) after 2 rounds at 2.0000000001 against basic composition's 2.
 
 dp-accounting is an optional dependency (``pip install 'ldpsim[accounting]'``): it is imported lazily, and when
 it is missing the run summary says so instead of failing. The accountant depends only on the parameters and the
@@ -282,6 +285,19 @@ def _compose(mechanisms: tuple[RoundMechanism, ...], deltas: tuple[float, ...], 
     return tuple(tuple(row) for row in out), grid, time.perf_counter() - start
 
 
+@functools.lru_cache(maxsize=32)
+def _capped(eps: tuple[tuple[float, ...], ...], mechanisms: tuple[RoundMechanism, ...],
+            basic: tuple[float, ...]) -> tuple[tuple[float, ...], ...]:
+    """eps(delta) after each round, never above the pure eps of the rounds' pairs composed (the sum of their
+    largest losses: it holds with delta = 0). Where that sum and the ledger's basic composition agree up to
+    rounding (1e-9), the cap is the ledger's figure (a pair's ln(p/q) carries an ulp or two)."""
+    caps, pure = [], 0.0
+    for t, mechanism in enumerate(mechanisms):
+        pure += float(mechanism.max_loss)
+        caps.append(basic[t] if abs(basic[t] - pure) <= 1e-9 * max(1.0, pure) else pure)
+    return tuple(tuple(min(v, cap) for v, cap in zip(row, caps)) for row in eps)
+
+
 def account(params: Any, horizon: int, deltas: tuple[float, ...] = DELTAS, truncation: float = TAIL_TRUNCATION,
             interval: float | None = None) -> EpsDeltaTable:
     """Compose ``params``' rounds 1..horizon round by round; eps(delta) after each, beside basic composition.
@@ -295,6 +311,7 @@ def account(params: Any, horizon: int, deltas: tuple[float, ...] = DELTAS, trunc
         raise ImportError(problem)
     eps, grid, seconds = _compose(tuple(mechanisms), tuple(deltas), float(truncation), interval)
     basic = tuple(float(params.guarantee(t).value) for t in range(1, horizon + 1))
+    eps = _capped(eps, tuple(mechanisms), basic)
     distinct = tuple(dict.fromkeys(mechanisms))
     return EpsDeltaTable(tuple(deltas), basic, eps, grid, tuple(m.describe() for m in distinct),
                          all(m.attained for m in distinct), float(truncation), seconds)

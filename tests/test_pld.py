@@ -575,3 +575,15 @@ def test_round_mechanism_module_is_sans_io() -> None:
     for banned in ("simpy", "asyncio", "np.random", "import random", "from agents", "from collector",
                    "from scenarios", "dp_accounting", "open("):
         assert banned not in src, banned
+
+
+def test_eps_delta_is_never_above_the_pure_composition() -> None:
+    """Pure eps composed holds with delta = 0, so no eps(delta) may exceed it: for 1BitMean the pessimistic
+    rounding used to put eps(1e-9) after 2 rounds at 2.0000000001 against basic composition's 2. Every round of
+    randomized response, at delta = 1e-9 (where the PLD is nearly the pure bound) stays at or below t x eps."""
+    for eps in (0.5, 1.0, 2.0):
+        table = accounting.account(OneBitParams("1bitmean", eps, M), 40)
+        for t in range(40):
+            assert table.basic[t] == pytest.approx((t + 1) * eps)
+            for i in range(len(table.deltas)):
+                assert table.epsilon[i][t] <= table.basic[t], (eps, t, table.deltas[i])
