@@ -52,6 +52,9 @@ class DeviceDays:
 
 #: real seconds of failed connection attempts after which a client stops (no collector there)
 GIVE_UP_AFTER = 60.0
+#: real seconds a collector's frame may take from its first bytes to its last; past them the client drops the
+#: connection and connects again (a collector stalled mid-frame held a client for ever)
+FRAME_TIMEOUT = 30.0
 
 
 class DeviceClient:
@@ -61,11 +64,12 @@ class DeviceClient:
                  give_up_after: float = GIVE_UP_AFTER, days: "DeviceDays | None" = None,
                  limits: Limits | None = None, secret: bytes | None = None, tls: ssl.SSLContext | None = None,
                  server_hostname: str | None = None, challenge_timeout: float = 30.0,
-                 scenario: bytes | None = None) -> None:
+                 scenario: bytes | None = None, frame_timeout: float = FRAME_TIMEOUT) -> None:
         self.params, self.world, self.ledger = params, world, ledger
         self.deadline, self.latency = float(deadline), float(latency)
         self.host, self.port, self.backoff, self.max_frame = host, int(port), backoff, max_frame
         self.give_up_after = give_up_after  # seconds of failed connection attempts before the client stops
+        self.frame_timeout = float(frame_timeout)  # seconds a collector's frame may take from its first bytes
         ids = np.asarray(device_ids, dtype=np.int64)
         self.ids = ids
         # the devices' credentials, concatenated (derived once: the secret itself is not kept)
@@ -181,7 +185,10 @@ class DeviceClient:
             if await self._on_message(msg, writer):
                 return
         while True:
-            data = await reader.read(1 << 16)
+            if decoder.pending:  # a frame started: it must end within frame_timeout (TimeoutError: reconnect)
+                data = await asyncio.wait_for(reader.read(1 << 16), self.frame_timeout)
+            else:  # between frames a collector may be silent for as long as it likes (a round's pause)
+                data = await reader.read(1 << 16)
             if not data:
                 return
             for raw in decoder.feed(data):

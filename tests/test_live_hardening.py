@@ -416,6 +416,37 @@ async def test_a_device_client_under_another_secret_stops_with_the_reason() -> N
 
 
 @pytest.mark.asyncio
+async def test_a_client_leaves_a_collector_that_stalls_mid_frame() -> None:
+    """A hostile collector that reads the Hello, then sends 3 bytes of a frame header and nothing more, held a
+    device client for ever; now the frame must end within the client's frame timeout, after which it drops the
+    connection and connects again."""
+    sc = scenario()
+    hellos: list[bytes] = []
+
+    async def stall(reader, writer):
+        hellos.append(await reader.read(1 << 16))
+        writer.write(b"\x00\x00\x01")  # the start of a 4-byte length, never finished
+        await writer.drain()
+        await asyncio.sleep(30)
+
+    server = await asyncio.start_server(stall, HOST, 0)
+    port = server.sockets[0].getsockname()[1]
+    client = live.build_client(sc, live.shard(sc.devices, 0, 2), Ledger(sc.devices), HOST, port)
+    client.frame_timeout = 0.3
+    task = asyncio.create_task(client.run())
+    try:
+        for _ in range(300):
+            if client.connections >= 3:
+                break
+            await asyncio.sleep(0.02)
+        assert client.connections >= 3 and not task.done()  # it left the stalled frames and came back
+        assert len(hellos) >= 2
+    finally:
+        task.cancel()
+        server.close()
+
+
+@pytest.mark.asyncio
 async def test_a_client_whose_hellos_keep_being_closed_backs_off() -> None:
     """A shard whose devices another connection holds is closed right after every Hello (no reason is sent:
     the holder may be a dead connection the collector has not noticed yet). It keeps trying, but backs off
