@@ -52,6 +52,9 @@ class DeviceDays:
 
 #: real seconds of failed connection attempts after which a client stops (no collector there)
 GIVE_UP_AFTER = 60.0
+#: stages a round may have, at one deadline each: a charge's time is at most that far into its round (THRESH and
+#: ToPL have two or three; a collector's deadline of 1e308 or -3600 put those times in the ledger)
+MAX_STAGES = 16
 #: real seconds a collector's frame may take from its first bytes to its last; past them the client drops the
 #: connection and connects again (a collector stalled mid-frame held a client for ever)
 FRAME_TIMEOUT = 30.0
@@ -64,12 +67,16 @@ class DeviceClient:
                  give_up_after: float = GIVE_UP_AFTER, days: "DeviceDays | None" = None,
                  limits: Limits | None = None, secret: bytes | None = None, tls: ssl.SSLContext | None = None,
                  server_hostname: str | None = None, challenge_timeout: float = 30.0,
-                 scenario: bytes | None = None, frame_timeout: float = FRAME_TIMEOUT) -> None:
+                 scenario: bytes | None = None, frame_timeout: float = FRAME_TIMEOUT,
+                 round_seconds: float | None = None) -> None:
         self.params, self.world, self.ledger = params, world, ledger
         self.deadline, self.latency = float(deadline), float(latency)
         self.host, self.port, self.backoff, self.max_frame = host, int(port), backoff, max_frame
         self.give_up_after = give_up_after  # seconds of failed connection attempts before the client stops
         self.frame_timeout = float(frame_timeout)  # seconds a collector's frame may take from its first bytes
+        # the scenario's round length: a charge's time (the ledger's) is taken from the collector's deadline,
+        # clamped to the round's nominal window (None: as the collector says)
+        self.round_seconds = None if round_seconds is None else float(round_seconds)
         ids = np.asarray(device_ids, dtype=np.int64)
         self.ids = ids
         # the devices' credentials, concatenated (derived once: the secret itself is not kept)
@@ -110,6 +117,9 @@ class DeviceClient:
         if msg.round <= self.limits.horizon:
             self._advance(msg.round * self.epoch_length)
         now = msg.deadline - self.deadline + self.latency  # the simulator's answer time for this stage
+        if self.round_seconds is not None:  # a time the collector chose: kept inside the round's own window
+            start = (msg.round * self.epoch_length - 1) * self.round_seconds
+            now = min(max(now, start), start + MAX_STAGES * self.deadline + self.latency)
         out = []
         for cohort in self.cohorts:
             ids = cohort.device_ids.astype(np.int64)

@@ -129,7 +129,8 @@ def build_client(sc: Scenario, device_ids: np.ndarray, ledger: Ledger, host: str
     days = days or process_days(sc)
     return ResumableClient(sc.protocol, sc.seed, device_ids, sc.simulation.cohort_size, days.world, ledger,
                            sc.network.deadline, sc.network.latency, host, port, days=days, limits=sc.limits,
-                           secret=secret, tls=tls, scenario=scenario_fingerprint(sc))
+                           secret=secret, tls=tls, scenario=scenario_fingerprint(sc),
+                           round_seconds=sc.simulation.round_seconds)
 
 
 def server_tls(cert: str, key: str) -> ssl.SSLContext:

@@ -31,7 +31,7 @@ from collector.server import LiveSettings
 from protocols import auth, wire
 from protocols.framing import frame
 from protocols.ledger import Ledger
-from protocols.messages import Challenge, Hello, Refusal, ReportBatch
+from protocols.messages import Challenge, CollectionRequest, Hello, Refusal, ReportBatch
 from scenarios import live, output, runner
 from tests.support import protocol_scenario
 
@@ -413,6 +413,25 @@ async def test_a_device_client_under_another_secret_stops_with_the_reason() -> N
     assert stranger.connections == 1, (h.server.drops, h.log()[-8:])
     got = await h.finish()
     assert got["digests"] == simulated() and h.server.drops == {"auth": 1}
+
+
+def test_a_collector_cannot_choose_the_times_in_the_devices_ledger() -> None:
+    """A device's charge time comes from the collector's deadline (the simulator's answer time), so a hostile
+    collector wrote 1e308 and -3600 into the device ledger; the client keeps it inside the round's nominal
+    window [start, start + MAX_STAGES deadlines + latency], and an honest deadline is kept as it is."""
+    from agents import client as client_module
+
+    sc = scenario()
+    start = lambda t: (t - 1) * sc.simulation.round_seconds  # noqa: E731
+    window = client_module.MAX_STAGES * sc.network.deadline + sc.network.latency
+    for t, deadline in ((1, 1e308), (2, 0.0), (3, start(3) + sc.network.deadline)):
+        ledger = Ledger(sc.devices)
+        c = live.build_client(sc, live.shard(sc.devices, 0, 2), ledger, HOST, 1)
+        c.answer(CollectionRequest(round=t, protocol=PROTOCOL, deadline=deadline))
+        times = ledger.snapshot()["time"]
+        assert times.size and np.all(times >= start(t)) and np.all(times <= start(t) + window), (t, times)
+        if t == 3:  # honest: the simulator's answer time, deadline - deadline + latency after the round's start
+            assert np.all(times == start(3) + sc.network.latency)
 
 
 @pytest.mark.asyncio
