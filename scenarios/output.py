@@ -218,7 +218,8 @@ def privacy_summary(result: RunResult) -> dict:
     out["eps_delta"] = accounting.summary_entry(sc.protocol, sc.collections)[0]
     if g.worst_case is not None:
         value, exact, method = g.worst_case
-        out["worst_case_loss"] = {"value": _finite(value), "bounded": bool(np.isfinite(value)), "exact": exact,
+        # an unbounded loss stays inf here: summary.json writes null and names it in non_finite ("inf")
+        out["worst_case_loss"] = {"value": float(value), "bounded": bool(np.isfinite(value)), "exact": exact,
                                   "method": method,
                                   "meaning": "largest log-ratio between this transcript's probability under any two "
                                              "devices' inputs over the whole run (not within a behavior pattern)"}

@@ -776,8 +776,12 @@ def tidy(sweep: Sweep, records: dict[tuple[int, int], dict[str, Any]]) -> tuple[
         eps_names += [k for k in s.get("epsilon", {}) if k not in eps_names]
     # a fixed column that a grid key already names (e.g. the whole [protocol] table varied) becomes run_<name>
     fixed = {c: f"run_{c}" if c in sweep.grid else c for c in FIXED_COLUMNS}
+    # memoized protocols' epsilon_* figures are spend within a behavior pattern, not a whole transcript's loss:
+    # a column says which, and their worst-case loss (inf: unbounded) stands beside them
+    memo = any(isinstance(rec["summary"].get("privacy", {}).get("worst_case_loss"), dict) for rec in ordered)
     header = [*sweep.keys, *fixed.values(), *(f"error_{k}" for k in err_names),
-              *(f"epsilon_{k}" for k in eps_names), "wall_seconds"]
+              *(f"epsilon_{k}" for k in eps_names), *(("privacy_scope", "worst_case_loss") if memo else ()),
+              "wall_seconds"]
     rows = []
     for rec in ordered:
         s = rec["summary"]
@@ -787,6 +791,11 @@ def tidy(sweep: Sweep, records: dict[tuple[int, int], dict[str, Any]]) -> tuple[
         err, eps = s.get("error", {}), s.get("epsilon", {})
         row.update({f"error_{k}": err.get(k) if _number(err.get(k)) else None for k in err_names})
         row.update({f"epsilon_{k}": eps.get(k) for k in eps_names})
+        if memo:
+            worst = s.get("privacy", {}).get("worst_case_loss")
+            row["privacy_scope"] = "within behavior pattern" if isinstance(worst, dict) else "whole transcript"
+            row["worst_case_loss"] = (None if not isinstance(worst, dict)
+                                      else worst.get("value") if worst.get("bounded") else math.inf)
         row["wall_seconds"] = s.get("wall_seconds")
         rows.append(row)
     return header, rows

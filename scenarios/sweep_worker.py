@@ -59,7 +59,7 @@ def run_job(job: dict[str, Any], one_process: bool = False) -> dict[str, Any]:
     parallel across runs); an explicit ``workers`` or ``threads`` is kept."""
     index, rep, seed = job["index"], job["repetition"], job["seed"]
     try:
-        from scenarios import output, runner
+        from scenarios import jsonout, output, runner
         from scenarios.schema import parse
 
         # a sweep records summaries only: the attack metrics (which keep every device's true values) are not read
@@ -69,7 +69,8 @@ def run_job(job: dict[str, Any], one_process: bool = False) -> dict[str, Any]:
             sc = dataclasses.replace(sc, simulation=dataclasses.replace(
                 sim, workers=sim.workers or 1, threads=sim.threads or 1))
         result = runner.run(sc)
-        summary = json.loads(json.dumps(output.summary(result), default=_json_default))  # plain JSON values
+        # plain, strict JSON values: a non-finite figure is null and named in non_finite, as in summary.json
+        summary = jsonout.document(json.loads(json.dumps(output.summary(result), default=_json_default)))
         return {"index": index, "repetition": rep, "seed": seed, "summary": summary}
     except Exception as exc:  # noqa: BLE001 - a failed run is recorded, the sweep carries on
         return {"index": index, "repetition": rep, "seed": seed, "error": f"{type(exc).__name__}: {exc}",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import shutil
 import sys
@@ -26,7 +27,7 @@ SMALL = ["--set", "population.devices=300", "--set", "rounds=2", "--set", "simul
 GRID = ["--grid", "protocol.epsilon=0.5,1,2", "--grid", "protocol.name=1bitmean,1bitrrpm"]
 COLUMNS = ["protocol.epsilon", "protocol.name", "repetition", "seed", "devices", "protocol", "error_mean_abs",
            "error_max_abs", "error_rmse", "error_rounds_without_estimate", "epsilon_max", "epsilon_mean",
-           "epsilon_p50", "epsilon_p99", "wall_seconds"]
+           "epsilon_p50", "epsilon_p99", "privacy_scope", "worst_case_loss", "wall_seconds"]
 COUNTERS = 'population.groups.0.counter={dist="constant",value=12},{dist="uniform",low=0,high=24}'
 
 
@@ -144,6 +145,12 @@ def test_results_csv_has_one_row_per_run_and_the_expected_columns(two_workers):
     naive = [r for r in rows if r["protocol"] == "1bitmean"]  # 1bitmean spends epsilon' every round
     assert {(r["protocol.epsilon"], float(r["epsilon_max"])) for r in naive} == \
         {(r["protocol.epsilon"], float(r["epsilon_mean"])) for r in naive}
+    # two kinds of epsilon figure, named apart: 1bitrrpm's is spend within a behavior pattern, with the worst-case
+    # loss of its whole transcript beside it (quickstart's gamma = 0.1: bounded)
+    assert {r["privacy_scope"] for r in naive} == {"whole transcript"} and {r["worst_case_loss"] for r in naive} == {""}
+    memo = [r for r in rows if r["protocol"] == "1bitrrpm"]
+    assert {r["privacy_scope"] for r in memo} == {"within behavior pattern"}
+    assert all(0 < float(r["worst_case_loss"]) < math.inf for r in memo)
 
 
 def test_two_workers_and_one_worker_give_the_same_rows(two_workers, one_worker):
