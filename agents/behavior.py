@@ -590,16 +590,23 @@ class Bound:
 
     def __init__(self, behavior: Behavior, seed: int, group: int, max_value: float) -> None:
         self.behavior, self.max_value = behavior, float(max_value)
+        self.group = int(group)
         self.calls = [s.start() for s in behavior.steps]
         self.keys = [Keys(int(seed), (int(group), k)) for k in range(len(behavior.steps))]
 
     def _day(self, k: int, day: int, mean: float) -> Day:
         return Day(day, self.behavior.round_seconds, self.max_value, self.keys[k], mean)
 
+    def _key(self, k: int) -> str:
+        """The scenario key of behavior k of this group, for an error raised while it runs."""
+        many = len(self.calls) > 1
+        return f"population.groups[{self.group}].behavior" + (f"[{k}]" if many else "")
+
     def apply(self, day: int, ids: np.ndarray, value: np.ndarray, mean: float = math.nan) -> np.ndarray:
         """The group's values on ``day`` from their base values (before clipping)."""
         for k, call in enumerate(self.calls):
             step = self.behavior.steps[k]
+            where = self._key(k)
             try:
                 # numpy's overflow warnings stay silent: a value that is not finite is this check's one line below
                 with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
@@ -607,14 +614,15 @@ class Bound:
             except BehaviorError:
                 raise
             except Exception as exc:  # noqa: BLE001 -- name the behavior and the round in one line
-                raise BehaviorError("", f"behavior {step.name} failed in round {day}: "
-                                        f"{type(exc).__name__}: {exc}") from exc
+                raise BehaviorError(where, f"behavior {step.name} failed in round {day}: "
+                                           f"{type(exc).__name__}: {exc}") from exc
             out = np.asarray(out, dtype=np.float64)
             if out.shape != ids.shape:
-                raise BehaviorError("", f"behavior {step.name} returned shape {out.shape} for {ids.shape[0]} "
-                                        f"devices in round {day}")
+                raise BehaviorError(where, f"behavior {step.name} returned shape {out.shape} for {ids.shape[0]} "
+                                           f"devices in round {day}")
             if not np.isfinite(out).all():
-                raise BehaviorError("", f"behavior {step.name} returned a value that is not finite in round {day}")
+                raise BehaviorError(where, f"behavior {step.name} returned a value that is not finite in round "
+                                           f"{day}")
             value = out
         return value
 
