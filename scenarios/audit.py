@@ -545,7 +545,9 @@ def compare_reports(files: RunFiles, ids: np.ndarray, rep: Replay, findings: Fin
     if ids.size < sc.devices:
         table = table.filter(pc.is_in(table["device"], value_set=pa.array(ids, pa.int64())))
     stage_col = table["stage"].cast(pa.string())
-    counts = {"transcript_rows": int(table.num_rows), "reference_reports": 0, "matched": 0,
+    # matched: transcript rows paired with a reference report (same device, round and stage); equal: of those,
+    # the rows whose every column equals the reference's (the others are report_value mismatches)
+    counts = {"transcript_rows": int(table.num_rows), "reference_reports": 0, "matched": 0, "equal": 0,
               "not_delivered": {"lost": 0, "late": 0}}
     names = set(pc.unique(stage_col).to_pylist()) if table.num_rows else set()
     for name in sorted(names - set(rep.stages)):
@@ -590,6 +592,7 @@ def compare_reports(files: RunFiles, ids: np.ndarray, rep: Replay, findings: Fin
                                  column=c, transcript=have[j], reference=want[j])
             bad |= ~ok
         findings.count("report_value", np.count_nonzero(bad))
+        counts["equal"] += int(t_idx.size - np.count_nonzero(bad))
         # reference reports without a row must have been lost or late
         seen = np.zeros(r_dev.size, dtype=bool)
         seen[r_idx] = True

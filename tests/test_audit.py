@@ -57,6 +57,7 @@ def test_shipped_scenarios_audit_clean(tmp_path, name) -> None:
     assert record["devices"]["checked"] == record["devices"]["population"]
     assert record["reports_checked"]["transcript_rows"] > 0
     assert record["reports_checked"]["matched"] == record["reports_checked"]["transcript_rows"]
+    assert record["reports_checked"]["equal"] == record["reports_checked"]["matched"]
     assert record["charges_checked"]["ledger_rows"] == record["charges_checked"]["reference_charges"] > 0
     assert record["max_spend"] <= record["guarantee"]
     on_disk = json.loads((run / "audit.json").read_text())
@@ -264,6 +265,8 @@ def test_tampered_transcript_bit(tmp_path, clean_runs) -> None:
     record = audit.audit(run)
     assert kinds(record) == {"report_value", "transcript_digest"}
     assert record["mismatches"]["report_value"]["count"] == 1
+    checked = record["reports_checked"]  # the changed row is paired with its reference report, but not equal to it
+    assert checked["equal"] == checked["matched"] - 1
     ex = record["mismatches"]["report_value"]["examples"][0]
     assert (ex["device"], ex["round"]) == (table["device"][11].as_py(), table["round"][11].as_py())
     assert ex["transcript"] != ex["reference"]
