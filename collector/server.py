@@ -363,7 +363,7 @@ class LiveCollector:
                 conn.acked = True
                 self._waiting.discard(conn)
                 self._check_acks()
-                return
+                return None
             if not self._stage_open:
                 self.stats.late += 1
                 raise ProtocolError(f"report batch for round {msg.round} arrived after the stage closed")
@@ -379,6 +379,7 @@ class LiveCollector:
             self._logged += 1
             if self._logged <= LOGGED_REJECTIONS_PER_ROUND:
                 self.log.warning("message_rejected", kind="protocol", reason=str(exc)[:200])
+        return None
 
     async def _admit(self, conn: Connection, msg: Hello) -> None:
         """Register the Hello's devices on ``conn``, or raise :class:`Refused`: the cheap checks first, then (with

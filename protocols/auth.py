@@ -25,9 +25,10 @@ in constant time (:func:`hmac.compare_digest`).
   verify on another; a connection takes one Hello only.
 - *Cost:* the collector computes one HMAC per named device (about 1.5 us: 1.5 s for a million devices, once
   per connection's Hello, in constant memory) and the client the same once at start. The collector checks
-  ids cheaply first (range, duplicates, devices held by another connection), so that an unauthenticated
-  peer cannot make it derive keys for ids the checks refuse, and refuses a first frame longer than a Hello of
-  its whole population; it verifies one Hello at a time, off its event loop (collector/server.py).
+  ids cheaply first (range and duplicates), so that an unauthenticated peer cannot make it derive keys for
+  ids the checks refuse, and refuses a first frame longer than a Hello of its whole population; it verifies
+  one Hello at a time, off its event loop, and only then says whether another connection holds the devices
+  (collector/server.py).
 
 Without TLS the rest of the connection is not integrity-protected: an on-path attacker could inject frames
 into an authenticated connection. Use ``--tls-cert``/``--tls-key`` (server) and ``--tls-ca`` (client) where the

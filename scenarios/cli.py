@@ -148,7 +148,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _missing_rounds(err: dict, scenario: Any) -> str:
-    """"; N rounds without an estimate, left out" when the error figures leave some out (epochs for THRESH)."""
+    """The note '; N rounds without an estimate, left out' when the error figures leave some rounds out (epochs
+    for THRESH); else nothing."""
     missing = int(err.get("rounds_without_estimate") or 0)
     unit = "epoch" if scenario.protocol.kind == "epoch" else "round"
     return f"; {missing} {unit}{'s' if missing != 1 else ''} without an estimate, left out" if missing else ""
