@@ -307,6 +307,12 @@ def test_attacks_are_on_by_default_up_to_the_size_limit_and_off_above() -> None:
     assert schema.load("quickstart", [f"population.devices={at_limit + 1}", "analysis.attacks=true"]).attacks
     assert not schema.load("quickstart", ["analysis.attacks=false"]).attacks
     assert "analysis" not in raw and schema.load("quickstart").raw == raw  # the input itself is kept as given
+    # a report of d numbers counts d times: BinFlip over 65,536 buckets is off from 153 device-rounds
+    wide = ["protocol.name='binflip'", "protocol.buckets=65536", "protocol.bits=65536", "rounds=2"]
+    on = ATTACKS_AUTO_LIMIT // (2 * 65536)
+    assert schema.load("usage_histogram", [*wide, f"population.devices={on}"]).attacks
+    off = schema.load("usage_histogram", [*wide, f"population.devices={on + 1}"])
+    assert not off.attacks and "x report width 65,536" in off.attacks_why
 
 
 @pytest.mark.parametrize("override, message", [
