@@ -19,15 +19,9 @@ from typing import Callable
 
 import numpy as np
 
-from scenarios import jsonout, output, plots, runner, tables
+from scenarios import jsonout, output, plots, runner
 from scenarios.schema import Scenario, ScenarioError, apply_overrides, parse
 
-
-
-def _write_json(path: Path, table: dict) -> None:
-    """compare.json, strict (a non-finite figure is null and named in ``non_finite``), written then renamed."""
-    with tables.atomic_path(path) as tmp:
-        tmp.write_text(jsonout.write_document(table, indent=2) + "\n", encoding="utf-8")
 
 def naive_twin(sc: Scenario) -> Scenario:
     """The same scenario with the protocol replaced by its baseline at the same total budget."""
@@ -73,7 +67,7 @@ def compare(sc: Scenario, out: Path,
     table = {k: {"error": s["error"], "epsilon": s["epsilon"], "updates": s.get("updates"),
                  "per_epoch_epsilon": results[k].scenario.protocol.round_epsilon} for k, s in summaries.items()}
     table["budget"] = twin.protocol.guarantee(twin.collections).value
-    _write_json(out / "compare.json", table)
+    output._write_text(out / "compare.json", jsonout.write_document(table, indent=2) + "\n")  # strict, atomic
     _plot(out / "compare.png", epochs, truth, results, sc)
     return table
 
@@ -152,7 +146,7 @@ def _compare_items(sc: Scenario, twin: Scenario, out: Path, results: dict, summa
                       "top_item_agreement": _top_agreement(truth, est)}
     output.write_csv(out / "compare.csv", header, cols)
     table["budget"] = twin.protocol.guarantee(twin.collections).value
-    _write_json(out / "compare.json", table)
+    output._write_text(out / "compare.json", jsonout.write_document(table, indent=2) + "\n")  # strict, atomic
     _plot_items(out / "compare.png", epochs, truth, ests, results, sc, width)
     return table
 

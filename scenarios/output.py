@@ -187,11 +187,6 @@ def draw_spend(result: RunResult, path: Path, painter: PlotProcess | None = None
         _plots().spend_plot(path, *args)
 
 
-def _finite(x: float) -> float | None:
-    """JSON has no infinity: an unbounded figure is written as null beside ``"bounded": false``."""
-    return float(x) if np.isfinite(x) else None
-
-
 def privacy_summary(result: RunResult) -> dict:
     """What each device was promised and what it spent: the protocol's guarantee for this run (with its
     derivation and scope), the per-report guarantee, the budget and horizon the devices enforced, the devices'
