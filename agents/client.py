@@ -22,6 +22,7 @@ import numpy as np
 from agents.world import World
 from protocols import auth, wire
 from protocols.framing import FrameDecoder, frame
+from protocols.base import Observer
 from protocols.guard import Limits
 from protocols.ledger import Ledger
 from protocols.messages import (Challenge, CollectionRequest, Decision, End, Hello, Message, Refusal, ReportBatch,
@@ -88,7 +89,7 @@ class DeviceClient:
                         for i in range(0, ids.size, cohort_size)]
         self.epoch_length = int(getattr(params, "epoch_length", 1))
         # clients sharing a world share its days (else the first to advance it would leave the others behind)
-        self.days = days or getattr(world, "device_days", None) or DeviceDays(world)
+        self.days = days or world.device_days or DeviceDays(world)
         world.device_days = self.days
         self.days.clients.append(self)
         self.day = 0
@@ -106,7 +107,7 @@ class DeviceClient:
         """This client's cohorts look at their counters for ``day`` (called by DeviceDays, once a day)."""
         self.day = day
         for cohort in self.cohorts:
-            if hasattr(cohort, "observe"):
+            if isinstance(cohort, Observer):
                 ids = cohort.device_ids.astype(np.int64)
                 cohort.observe(day, self.world.values(ids)[0], self.world.present(ids))
 
@@ -187,7 +188,8 @@ class DeviceClient:
                 return
         round_ = self.day // self.epoch_length + 1
         devices = self.ids.astype(np.uint32)
-        mac = None if nonce is None else auth.hello_mac(self._keys, nonce, round_, self.params.name, devices)
+        keys = self._keys
+        mac = None if nonce is None or keys is None else auth.hello_mac(keys, nonce, round_, self.params.name, devices)
         writer.write(frame(wire.encode(Hello(round=round_, protocol=self.params.name, devices=devices, mac=mac,
                                              scenario=self.scenario))))
         await writer.drain()

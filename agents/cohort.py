@@ -16,7 +16,7 @@ from agents.shard import answer_cohort, cohort_day, signed_ids
 from agents.world import World
 from collector.network import Network
 from protocols import wire
-from protocols.base import DeviceSide
+from protocols.base import DeviceSide, Observer
 from protocols.ledger import Ledger
 from protocols.messages import CollectionRequest, Decision, Threshold
 
@@ -47,8 +47,9 @@ class CohortAgent:
 
     def observe(self, day: int) -> None:
         """The devices' daily look at their own counters (protocols that keep epoch state, e.g. THRESH)."""
-        values, _ = self.world.values(self.ids)
-        self.device.observe(day, values, self.world.present(self.ids))
+        if isinstance(self.device, Observer):
+            values, _ = self.world.values(self.ids)
+            self.device.observe(day, values, self.world.present(self.ids))
 
     def answer(self, request: CollectionRequest | Decision | Threshold) -> None:
         ans = answer_cohort(self.device, self.ids, self.world, self.network, request, self.day(), self.env.now)

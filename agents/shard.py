@@ -25,7 +25,7 @@ import simpy
 from agents.world import World
 from collector.network import Network
 from protocols import wire
-from protocols.base import DeviceSide
+from protocols.base import DeviceSide, Observer
 from protocols.ledger import Charge, Entry, Ledger
 from protocols.messages import CollectionRequest, Decision, ReportBatch, Threshold
 
@@ -133,7 +133,7 @@ class CohortShard:
         # uint64 ids, the device sides' own type: taken as they are, not copied
         self.devices = [params.make_devices(seed, np.arange(lo, hi, dtype=np.uint64), limits) for lo, hi in self.cohorts]
         self.ids = [signed_ids(d.device_ids) for d in self.devices]
-        self.observers = [i for i, d in enumerate(self.devices) if hasattr(d, "observe")]
+        self.observers = [(i, d) for i, d in enumerate(self.devices) if isinstance(d, Observer)]
 
     def _at(self, day: int) -> World:
         """The world moved to ``day``, its values computed (taken from its twin when :meth:`prefetch` computed
@@ -152,9 +152,9 @@ class CohortShard:
     def observe(self, day: int) -> None:
         """The devices' daily look at their counters (world moved to ``day`` first)."""
         self._at(day)
-        for i in self.observers:
+        for i, device in self.observers:
             values, _ = self.world.values(self.ids[i])
-            self.devices[i].observe(day, values, self.world.present(self.ids[i]))  # type: ignore[attr-defined]
+            device.observe(day, values, self.world.present(self.ids[i]))
 
     def answer(self, raw: bytes, world_day: int, now: float) -> tuple[list[Answer], int]:
         """Every cohort's answer to the broadcast ``raw`` received at ``now`` (the world at ``world_day``), and
@@ -218,12 +218,12 @@ class ThreadShards:
         self._prefetch(world.day + 1)
         cohorts = [c for shard in shards for c in shard]
         try:
-            self.shard = CohortShard(params, seed, limits, world, Network(None, network, seed),  # type: ignore[arg-type]
+            self.shard = CohortShard(params, seed, limits, world, Network(None, network, seed),
                                      cohorts, round_seconds)
         except BaseException:  # device sides that cannot be built: no thread left drawing levels for no one
             self.close()
             raise
-        self.nets = [Network(None, network, seed) for _ in cohorts]  # type: ignore[arg-type]
+        self.nets = [Network(None, network, seed) for _ in cohorts]
 
     def _ready(self, day: int) -> None:
         """The world at ``day`` with its values computed, before any cohort reads them."""

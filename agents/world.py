@@ -32,7 +32,7 @@ from protocols.keyed import Purpose, stream_key
 if "NUMBA_THREADING_LAYER" not in os.environ:
     # numba's own pool: OpenMP's spinning threads slowed the serial work between parallel kernels by a third
     # (THRESH benchmark: 42 s against 29 s)
-    nb.config.THREADING_LAYER = "workqueue"  # type: ignore[attr-defined]
+    nb.config.THREADING_LAYER = "workqueue"
 
 
 @nb.njit(cache=True, nogil=True)
@@ -162,7 +162,7 @@ def _plain_range(levels, sds, key, m, base, out, start, stop):
     normal by the central branch of the inverse CDF, the tails (about 5%) redone by the whole function, then
     level + sd N clipped. The same operations on the same numbers, so the same bits; the numpy error model
     only lets the division vectorize (the denominator is never 0)."""
-    k = 0
+    k = np.int64(0)
     p = np.empty(_BLOCK)
     z = np.empty(_BLOCK)
     for b0 in range(start, stop, _BLOCK):
@@ -230,6 +230,8 @@ class World:
         ``last_day``: the last day a run means to ask for (its rounds); :meth:`prefetch` computes no day after
         it, which is still computed when asked for (a hostile collector's extra rounds)."""
         self.seed, self.n, self.max_value = int(seed), int(n), float(max_value)
+        # the live clients hosted on this world share its days (agents/client.DeviceDays; set by the first)
+        self.device_days: Any = None
         self.last_day = last_day
         self.groups = list(groups)
         self.changes = sorted(changes, key=lambda c: c.round)

@@ -11,7 +11,7 @@ the collector arrive after the base latency, reliably.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import math
 
@@ -107,8 +107,17 @@ class Fate:
     lost: int
 
 
+class Inbox(Protocol):
+    """Where the network delivers a cohort's messages: a SimPy Store, or a sharded run's single inbox that
+    stands for ``copies`` cohorts (agents/shard.py)."""
+
+    def put(self, item: bytes, /) -> Any: ...
+
+
 class Network:
-    def __init__(self, env: simpy.Environment, params: NetworkParams, seed: int) -> None:
+    def __init__(self, env: simpy.Environment | None, params: NetworkParams, seed: int) -> None:
+        """``env``: the SimPy environment that carries messages; None for a network that only keys the fates
+        of reports (a process shard's devices, which the collector's process delivers)."""
         self.env, self.params, self.seed = env, params, int(seed)
         self.traffic = Traffic()
 
@@ -150,14 +159,22 @@ class Network:
         self.traffic.messages_sent += copies
         self.traffic.bytes_sent += len(raw) * copies
         self.traffic.reports_sent += reports
-        self.env.process(self._carry(raw, delay, deliver, copies))
+        env = self._simulated()
+        env.process(self._carry(env, raw, delay, deliver, copies))
 
-    def _carry(self, raw: bytes, delay: float, deliver: Callable[[bytes], object], copies: int = 1):
-        yield self.env.timeout(delay)
+    def _simulated(self) -> simpy.Environment:
+        """The SimPy environment that carries messages (a Network built without one keys fates only)."""
+        if self.env is None:
+            raise RuntimeError("this Network has no SimPy environment: it computes keyed fates, it cannot transmit")
+        return self.env
+
+    def _carry(self, env: simpy.Environment, raw: bytes, delay: float, deliver: Callable[[bytes], object],
+               copies: int = 1):
+        yield env.timeout(delay)
         self.traffic.messages_delivered += copies
         deliver(raw)
 
-    def broadcast(self, raw: bytes, inboxes: list[Any]) -> None:
+    def broadcast(self, raw: bytes, inboxes: list[Inbox]) -> None:
         """One message to every cohort, arriving after the base latency (an inbox with ``copies`` stands for
         that many cohorts)."""
         for box in inboxes:

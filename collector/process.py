@@ -10,7 +10,7 @@ import simpy
 
 from collector.stages import round_stages
 from collector.hostile import Hostility, describe
-from collector.network import Network
+from collector.network import Inbox, Network
 from protocols import wire
 from protocols.base import CollectorSide, ProtocolError, RoundResult
 from protocols.messages import ReportBatch
@@ -30,7 +30,7 @@ class CollectorStats:
 
 class CollectorProcess:
     def __init__(self, env: simpy.Environment, protocol: CollectorSide, network: Network,
-                 cohort_inboxes: list[simpy.Store], deadline: float, log: Any,
+                 cohort_inboxes: list[Inbox], deadline: float, log: Any,
                  hostility: Hostility | None = None) -> None:
         self.env, self.protocol, self.network = env, protocol, network
         self.cohort_inboxes, self.deadline, self.log = cohort_inboxes, float(deadline), log

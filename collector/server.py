@@ -195,21 +195,22 @@ class LiveCollector:
 
         # a deep backlog: a thousand clients connecting at once overflowed the default 100 (1 s TCP retries)
         for attempt in range(3):
-            self.server = await loop.create_server(factory, host, port, backlog=4096)
-            chosen = {s.getsockname()[1] for s in self.server.sockets}
+            server = await loop.create_server(factory, host, port, backlog=4096)
+            chosen = {s.getsockname()[1] for s in server.sockets}
             if port != 0 or len(chosen) == 1:
                 break
             # port 0 on a host of several addresses (IPv4 and IPv6) gave each its own: bind them all to one
-            first = self.server.sockets[0].getsockname()[1]
-            self.server.close()
-            await self.server.wait_closed()
+            first = server.sockets[0].getsockname()[1]
+            server.close()
+            await server.wait_closed()
             try:
-                self.server = await loop.create_server(factory, host, first, backlog=4096)
+                server = await loop.create_server(factory, host, first, backlog=4096)
                 break
             except OSError:  # taken meanwhile in one of the families: again from fresh ports
                 if attempt == 2:
                     raise
-        return self.server.sockets[0].getsockname()[1]
+        self.server = server
+        return server.sockets[0].getsockname()[1]
 
     def _tune(self, writer: asyncio.StreamWriter) -> None:
         """drain() returns only once the socket took every byte (a slow reader is then visible at once);

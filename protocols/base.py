@@ -9,7 +9,7 @@ reject) and closes rounds into estimates. Neither side reads a clock, sleeps or 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -93,6 +93,14 @@ class DeviceSide(Protocol):
     def restore(self, state: dict[str, Any], /) -> None: ...
 
 
+@runtime_checkable
+class Observer(DeviceSide, Protocol):
+    """A device side with epoch state (THRESH, HeavyTHRESH, the epoch protocols): the runtimes call ``observe``
+    every day with the cohort's counters and which of its devices are present (None: all)."""
+
+    def observe(self, day: int, values: np.ndarray, present: np.ndarray | None = None, /) -> None: ...
+
+
 class CollectorSide(Protocol):
     """The collector side: ``request`` opens a round (or epoch) and returns its broadcast, ``receive`` takes a
     batch (ProtocolError: rejected whole), ``advance`` at a stage's deadline returns the next stage's broadcast
@@ -132,6 +140,11 @@ class ProtocolParams(Protocol):
     checks its parameter class against this (``_: type[ProtocolParams] = XParams`` under TYPE_CHECKING), and
     through it its device and collector sides against :class:`DeviceSide` and :class:`CollectorSide`.
     """
+
+    @classmethod
+    def from_table(cls, name: str, table: config.Table, ctx: config.Context, /) -> ProtocolParams:
+        """The parameters of a scenario's [protocol] table (errors name the key)."""
+        ...
 
     @property
     def name(self) -> str: ...

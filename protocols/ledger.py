@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, TypedDict
 
 import numba as nb
 import numpy as np
@@ -30,6 +30,17 @@ def exceeds(spend: Any, bound: float) -> Any:
     """Whether ``spend`` (a number or an array) is above ``bound`` by more than float noise (1e-9 relative,
     1e-12 absolute): the one test of "within the guarantee / budget" that summaries, audits and checks share."""
     return np.asarray(spend) > bound * (1 + 1e-9) + 1e-12
+
+
+class ChargeRows(TypedDict):
+    """One chunk of charges as :meth:`Ledger.rows` yields it: one reason and amount charged to ``devices``."""
+
+    round: int
+    time: float
+    reason: str
+    amount: float
+    cumulative: bool
+    devices: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -464,7 +475,7 @@ class Ledger:
         _, top, (p50, p99) = self._figures((0.5, 0.99), None if kept is None else (kept[0], np.cumsum(kept[1])))
         return {"max": float(top), "mean": float(s.mean()), "p50": float(p50), "p99": float(p99)}
 
-    def rows(self, cumulative_only: bool = True) -> Iterator[dict[str, np.ndarray | int | float | str]]:
+    def rows(self, cumulative_only: bool = True) -> Iterator[ChargeRows]:
         """The charges chunk by chunk, device ids expanded: dicts of round, time, reason, amount, devices."""
         for rnd, time, reason, amount, cumulative, lo, hi, ids in self._chunks:
             if cumulative_only and not cumulative:

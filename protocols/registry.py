@@ -23,9 +23,12 @@ import importlib
 import importlib.metadata
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from protocols.config import ConfigError
+
+if TYPE_CHECKING:
+    from protocols.base import ProtocolParams
 
 __all__ = ["BUILTIN", "ENTRY_POINT_GROUP", "Registered", "RegistryError", "available", "builtin_names", "lookup"]
 
@@ -63,7 +66,7 @@ class Registered:
     """A registered protocol: its name, parameter class, where it came from and a one-line description."""
 
     name: str
-    params: type
+    params: type[ProtocolParams]
     source: str
 
     @property

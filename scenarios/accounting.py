@@ -156,10 +156,11 @@ def choose_discretization(mechanisms: list[RoundMechanism] | tuple[RoundMechanis
     """The grid for a chain of rounds (module docstring): lattice, Laplace or fine."""
     distinct = list(dict.fromkeys(mechanisms))
     smallest = min(m.max_loss for m in distinct)
-    if any(isinstance(m, LaplacePair) for m in distinct):
+    pairs = [m for m in distinct if isinstance(m, DiscretePair)]
+    if len(pairs) < len(distinct):  # a Laplace round
         return Discretization(smallest / LAPLACE_STEPS, False,
                               f"eps_round/{LAPLACE_STEPS}, pessimistic connect-the-dots (Laplace)")
-    losses = np.concatenate([_finite_losses(m) for m in distinct])
+    losses = np.concatenate([_finite_losses(m) for m in pairs])
     top = float(np.max(np.abs(losses)))
     nonzero = np.abs(losses)[np.abs(losses) > 1e-12 * top]
     if nonzero.size and top / float(nonzero.min()) <= MAX_LATTICE_STEPS:  # else a dense grid of 1e9 points

@@ -42,12 +42,22 @@ if TYPE_CHECKING:
 CSV = "attacks.csv"
 PNG = "attacks.png"
 CSV_HEADER = ("metric", "round", "x", "value", "devices", "theory")
-#: which report model reads each protocol's reports (see :class:`ReportModel`)
+
+
 def family(params: Any) -> str | None:
-    """How the attacks read a protocol's reports, as its parameter class declares (``report_family``):
-    "onebit" (one debiasable bit about the value), "bitflip" (d bits about sampled buckets J), "value" (the
-    value plus noise); None: the attacks do not read them."""
+    """How the attacks read a protocol's reports (the report model, :class:`ReportModel`), as its parameter
+    class declares (``report_family``): "onebit" (one debiasable bit about the value), "bitflip" (d bits about
+    sampled buckets J), "value" (the value plus noise); None: the attacks do not read them."""
     return getattr(params, "report_family", None)
+
+
+def _given(x: np.ndarray | None, what: str) -> np.ndarray:
+    """``x``, which this report model needs (a ValueError naming ``what`` when it is missing)."""
+    if x is None:
+        raise ValueError(f"the attack metrics need {what} here")
+    return x
+
+
 _WHY_NOT = {
     "counters": "several counters per report (1bitmulti): the attacks here read one value per device and round",
     "epoch": "reports are about epoch means and global updates (THRESH, epochrr), not one value per round",
@@ -83,7 +93,11 @@ class ReportModel:
 
     @classmethod
     def of(cls, params: Any) -> "ReportModel":
-        return cls(family(params), bool(getattr(params, "memoized", False)), float(params.epsilon),
+        kind = family(params)
+        if kind is None:
+            raise ValueError(f"{getattr(params, 'name', params)!r} declares no report_family: the attacks cannot "
+                             f"read its reports")
+        return cls(kind, bool(getattr(params, "memoized", False)), float(params.epsilon),
                    float(getattr(params, "gamma", 0.0)), float(params.max_value), int(getattr(params, "buckets", 0)))
 
     @property
@@ -132,7 +146,8 @@ class ReportModel:
         if self.family == "onebit":
             pi = np.asarray(p_one(level, self.epsilon, self.max_value))[:, None]
         else:
-            pi = np.where(own, self.e / (self.e + 1.0), 1.0 / (self.e + 1.0))
+            pi = np.where(_given(own, "whether each sampled bucket is the device's own"), self.e / (self.e + 1.0),
+                          1.0 / (self.e + 1.0))
         return pi * (1.0 - pi)
 
     def level_score(self, shares: np.ndarray, J: np.ndarray | None) -> np.ndarray:
@@ -143,6 +158,7 @@ class ReportModel:
         if self.family != "bitflip":
             return shares[:, 0]
         k, width = self.buckets, self.max_value / self.buckets
+        J = _given(J, "the reported buckets J")
         centres = (J + 0.5) * width
         inside = (shares * centres).sum(axis=1)
         if J.shape[1] == k:
@@ -289,7 +305,7 @@ def averaging_attack(model: ReportModel, reports: np.ndarray, present: np.ndarra
         sum_x[rows] += x
         own = None
         if model.family == "bitflip":
-            own = bucket_of(x, model.buckets, model.max_value)[:, None] == J[rows]
+            own = bucket_of(x, model.buckets, model.max_value)[:, None] == _given(J, "the reported buckets J")[rows]
             sum_target[rows] += own
         else:
             sum_target[rows, 0] += x
@@ -297,7 +313,7 @@ def averaging_attack(model: ReportModel, reports: np.ndarray, present: np.ndarra
         w = model.bit_variance(level, own)
         if seen_inputs is not None:  # N_g -> N_g + 1 adds (2 N_g + 1) w to sum_g N_g^2 w_g
             ids = everyone if all_here else rows
-            lab = labels[ids, t]
+            lab = _given(labels, "the memo inputs' labels")[ids, t]
             acc[rows] += (2.0 * seen_inputs[ids, lab] + 1.0)[:, None] * w
             seen_inputs[ids, lab] += 1
         else:
@@ -551,13 +567,14 @@ def analyze(result: "RunResult") -> AttackReport:
     truth = result.true_values
     if why is None and (truth is None or stage is None):
         why = "this run kept no true values or no report transcript"
-    if why is None:
+    if why is None and truth is not None:
         rounds = np.arange(1, truth.shape[1] + 1)
         model = ReportModel.of(sc.protocol)
         rep = decode(stage, model.column, rounds)
         if np.any(rep.present & np.isnan(truth)):
             why = "the true values of some rounds were not kept (a resumed run)"
-    if why is not None:
+    if why is not None or truth is None:
+        why = why or "this run kept no true values"
         return AttackReport({**head, "averaging": _not(why), "change_detection": _not(why), "patterns": _not(why)})
     if model.family == "bitflip" and rep.J is None:  # BinFlip: every bucket, in order
         rep.J = np.broadcast_to(np.arange(model.buckets), (sc.devices, model.buckets))
@@ -568,7 +585,7 @@ def analyze(result: "RunResult") -> AttackReport:
         canon = first_occurrence(inputs)
         labels = np.maximum(canon, 0)
         if model.family == "onebit":
-            rounded = inputs * float(sc.protocol.granularity)
+            rounded = inputs * float(getattr(sc.protocol, "granularity"))  # 1BitRRPM's rounding step
         del inputs
     report.summary["averaging"] = _averaging(report, model, rep, truth, labels, rounded, rounds)
     report.summary["change_detection"] = _changes(report, model, rep, result.world, rounds, sc)

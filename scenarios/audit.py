@@ -108,7 +108,8 @@ def _message(record: Any, where: str) -> tuple[float, Any]:
     """One downlink.jsonl record as (send time, message object)."""
     try:
         kind = record["type"]
-        common = dict(round=int(record["round"]), protocol=str(record["protocol"]), deadline=float(record["deadline"]))
+        common: dict[str, Any] = dict(round=int(record["round"]), protocol=str(record["protocol"]),
+                                      deadline=float(record["deadline"]))
         if kind == "collect":
             msg: Any = CollectionRequest(**common)
         elif kind == "decision":
@@ -485,7 +486,7 @@ class Findings:
         if len(self.examples[kind]) < EXAMPLES:
             self.examples[kind].append({k: _plain(v) for k, v in example.items()})
 
-    def count(self, kind: str, n: int) -> None:
+    def count(self, kind: str, n: int | np.integer) -> None:
         self.counts[kind] += int(n)
 
     def as_dict(self) -> dict:
@@ -547,8 +548,8 @@ def compare_reports(files: RunFiles, ids: np.ndarray, rep: Replay, findings: Fin
     stage_col = table["stage"].cast(pa.string())
     # matched: transcript rows paired with a reference report (same device, round and stage); equal: of those,
     # the rows whose every column equals the reference's (the others are report_value mismatches)
-    counts = {"transcript_rows": int(table.num_rows), "reference_reports": 0, "matched": 0, "equal": 0,
-              "not_delivered": {"lost": 0, "late": 0}}
+    counts = {"transcript_rows": int(table.num_rows), "reference_reports": 0, "matched": 0, "equal": 0}
+    not_delivered = {"lost": 0, "late": 0}
     names = set(pc.unique(stage_col).to_pylist()) if table.num_rows else set()
     for name in sorted(names - set(rep.stages)):
         findings.add("report_columns", stage=name, problem="the transcript has a stage this protocol does not")
@@ -597,8 +598,7 @@ def compare_reports(files: RunFiles, ids: np.ndarray, rep: Replay, findings: Fin
         seen = np.zeros(r_dev.size, dtype=bool)
         seen[r_idx] = True
         if files.runtime == "live":  # real TCP: no keyed loss or latency to recompute
-            counts["not_delivered"].setdefault("unverified", 0)
-            counts["not_delivered"]["unverified"] += int(np.count_nonzero(~seen))
+            not_delivered["unverified"] = not_delivered.get("unverified", 0) + int(np.count_nonzero(~seen))
             continue
         lost, late = _network(sc.seed, sc.network, r_dev, r_round,
                               rep.time_left[np.frombuffer(ref.message, dtype=np.int64)])
@@ -608,14 +608,14 @@ def compare_reports(files: RunFiles, ids: np.ndarray, rep: Replay, findings: Fin
             findings.example("missing_report", stage=name, device=r_dev[j], round=r_round[j],
                              reference={c: ref.values(c)[j] for c in ref.spec})
         findings.count("missing_report", np.count_nonzero(missing))
-        counts["not_delivered"]["lost"] += int(np.count_nonzero(~seen & lost))
-        counts["not_delivered"]["late"] += int(np.count_nonzero(~seen & late))
+        not_delivered["lost"] += int(np.count_nonzero(~seen & lost))
+        not_delivered["late"] += int(np.count_nonzero(~seen & late))
         extra = seen & ~delivered
         for j in np.flatnonzero(extra)[:EXAMPLES]:
             findings.example("unexpected_delivery", stage=name, device=r_dev[j], round=r_round[j],
                              network="lost" if lost[j] else "late")
         findings.count("unexpected_delivery", np.count_nonzero(extra))
-    return counts
+    return {**counts, "not_delivered": not_delivered}
 
 
 def _network(seed: int, net: Any, device: np.ndarray, round_: np.ndarray, time_left: np.ndarray
@@ -655,7 +655,7 @@ def compare_charges(files: RunFiles, ids: np.ndarray, rep: Replay, findings: Fin
     code_of = {s: i for i, s in enumerate(vocab)}
     for s in encoded.dictionary.to_pylist():
         code_of.setdefault(s, len(code_of))
-    names = sorted(code_of, key=code_of.get)
+    names = sorted(code_of, key=code_of.__getitem__)
     l_code = np.array([code_of[s] for s in encoded.dictionary.to_pylist()], dtype=np.int64)[
         encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)] if l_dev.size else np.empty(0, np.int64)
     r_dev = np.frombuffer(rep.charges[0], dtype=np.int64)

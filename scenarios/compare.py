@@ -15,7 +15,7 @@ compare.png follows the items that are ever the most frequent, with the max item
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -56,7 +56,8 @@ def compare(sc: Scenario, out: Path,
         return _compare_items(sc, twin, out, results, summaries)
     epochs = np.array([r.round for r in results[name].rounds])
     truth = np.array([r.truth for r in results[name].rounds])
-    cols, header = [epochs, truth], ["epoch", "truth"]
+    cols: list[Any] = [epochs, truth]
+    header = ["epoch", "truth"]
     spend = {}
     for k, r in results.items():
         est = np.array([x.estimate for x in r.rounds])
@@ -64,8 +65,9 @@ def compare(sc: Scenario, out: Path,
         cols += [est, est - truth, [h["mean"] for h in r.ledger.history], [h["max"] for h in r.ledger.history]]
         header += [f"{k}_estimate", f"{k}_error", f"{k}_spend_mean", f"{k}_spend_max"]
     output.write_csv(out / "compare.csv", header, cols)
-    table = {k: {"error": s["error"], "epsilon": s["epsilon"], "updates": s.get("updates"),
-                 "per_epoch_epsilon": results[k].scenario.protocol.round_epsilon} for k, s in summaries.items()}
+    table: dict[str, Any] = {k: {"error": s["error"], "epsilon": s["epsilon"], "updates": s.get("updates"),
+                                 "per_epoch_epsilon": results[k].scenario.protocol.round_epsilon}
+                             for k, s in summaries.items()}
     table["budget"] = twin.protocol.guarantee(twin.collections).value
     output._write_text(out / "compare.json", jsonout.write_document(table, indent=2) + "\n")  # strict, atomic
     _plot(out / "compare.png", epochs, truth, results, sc)
@@ -130,7 +132,8 @@ def _compare_items(sc: Scenario, twin: Scenario, out: Path, results: dict, summa
     item = np.tile(np.arange(k), len(recs))
     cols: list = [np.repeat(epochs, k), item, item * width, (item + 1) * width, truth.ravel()]
     header = ["epoch", "item", "low", "high", "truth"]
-    ests, table = {}, {}
+    ests: dict[str, np.ndarray] = {}
+    table: dict[str, Any] = {}
     for key, r in results.items():
         est = np.array([np.asarray(x.estimate, dtype=np.float64) * np.ones(k) for x in r.rounds])
         ests[key] = est

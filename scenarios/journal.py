@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from protocols import snapshot, wire
-from protocols.messages import Message, Threshold
+from protocols.messages import CollectorMessage, Threshold
 from scenarios.schema import Scenario, ScenarioError
 from scenarios.tables import atomic_path
 
@@ -101,7 +101,7 @@ class CollectorJournal:
         """The state after closed round ``t`` (records of new rounds go to their own files first)."""
         self._write_state(t, None)
 
-    def write_stage(self, msg: Message) -> None:
+    def write_stage(self, msg: CollectorMessage) -> None:
         """The state at a stage boundary of round ``msg.round``: its earlier stages closed (their records go to
         their own files), the decision or threshold made, and ``msg`` (the open stage's message, about to be
         broadcast) kept for a resumed collector to broadcast again."""

@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -64,7 +64,7 @@ ERROR_FIGURES = {"mean_abs": "mean |error| over every estimated number",
                  "wasserstein": "Wasserstein-1 distance, mean over rounds (in the value's units)"}
 
 
-def error_summary(kind: str, truths: list, ests: list, bucket_width: float = 1.0) -> dict[str, float | int | None]:
+def error_summary(kind: str, truths: Sequence | np.ndarray, ests: Sequence | np.ndarray, bucket_width: float = 1.0) -> dict[str, float | int | None]:
     """``error`` of summary.json: mean_abs, max_abs, rmse over every estimated number; for histograms also
     hist_max_abs (mean over rounds of the max bucket error) and wasserstein (mean over rounds)."""
     t = np.asarray(truths, dtype=np.float64)

@@ -11,7 +11,6 @@ when the run began, which draws estimates.png and spend.png while this process w
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import textwrap
@@ -22,10 +21,11 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from protocols.ledger import Ledger, exceeds
+from protocols.base import ProtocolParams
+from protocols.ledger import ChargeRows, Ledger, exceeds
 from scenarios import attacks
 from scenarios.metrics import error_summary, range_mse, range_queries, round_metrics
-from scenarios.runner import RunResult, bucket_width
+from scenarios.runner import RunResult, bucket_width, protocol_parameters
 from scenarios import tables
 from scenarios import accounting, jsonout
 from scenarios.tables import atomic_path
@@ -57,7 +57,7 @@ def write_csv(path: Path, header: Sequence[str], columns: Sequence[np.ndarray | 
             f.writelines(",".join(r) + "\n" for r in rows)
 
 
-def write_ledger_csv(path: Path, chunks: Iterable[dict]) -> int:
+def write_ledger_csv(path: Path, chunks: Iterable[ChargeRows]) -> int:
     """Long-form ledger: one row per (device, charge): device, round, time, reason, amount (atomically)."""
     rows = 0
     with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8", newline="\n") as f:
@@ -102,7 +102,7 @@ def _stack(values: list, k: int | None) -> np.ndarray:
     return np.array([np.full(k, np.nan) if np.ndim(v) == 0 else np.asarray(v, dtype=np.float64) for v in values])
 
 
-def width_of(params: object) -> int | None:
+def width_of(params: ProtocolParams) -> int | None:
     """Numbers estimated per round: None for a mean, k for a histogram, c for several counters."""
     return {"histogram": getattr(params, "buckets", None), "counters": getattr(params, "counters", None)}.get(
         params.kind)
@@ -254,7 +254,7 @@ def summary(result: RunResult) -> dict:
         "cohort_size": sc.simulation.cohort_size,
         # how the device cohorts were answered (None: a live run, whose devices are processes of their own)
         "parallelism": result.extra.get("parallelism"),
-        "parameters": {**dataclasses.asdict(sc.protocol), "round_epsilon": sc.protocol.round_epsilon},
+        "parameters": {**protocol_parameters(sc.protocol), "round_epsilon": sc.protocol.round_epsilon},
         "error": {**error_summary(sc.protocol.kind, truth, est, bucket_width(sc.protocol)),
                   **(_range_errors(sc, truth, est) if sc.protocol.kind == "stream" else {})},
         "epsilon": result.ledger.summary() if kept else None,
@@ -312,17 +312,18 @@ def _write_estimates(result: RunResult, out: Path, seconds: dict[str, float] | N
         update = np.array([bool(r.info.get("global_update")) for r in recs])
         table(["epoch", "truth", "estimate", "error", *names, "reports", "theory_sd"],
               [rounds, truth, est, est - truth, *extra, reports, sd])
+        epoch_length = int(getattr(sc.protocol, "epoch_length"))  # the epoch protocols' own parameters
         title = (f"{sc.name}: {sc.protocol.name}, ε = {sc.protocol.epsilon:g}, n = {sc.devices:,}, "
-                 f"{sc.protocol.epochs} epochs of {sc.protocol.epoch_length} rounds")
+                 f"{getattr(sc.protocol, 'epochs')} epochs of {epoch_length} rounds")
         draw("epochs_plot", rounds, truth, est, update, title,
-             [(c.round - 1) // sc.protocol.epoch_length + 1 for c in sc.changes])
+             [(c.round - 1) // epoch_length + 1 for c in sc.changes])
         return
     if sc.protocol.kind == "stream":
         # theory_sd: ToPL's is an upper bound (theta = max_value), ToPS has none (nan, not 0)
         truth, est, sd = (_stack([getattr(r, f) for r in recs], None) for f in ("truth", "estimate", "sd_theory"))
         table(["round", "truth", "estimate", "error", *names, "reports", "theory_sd"],
               [rounds, truth, est, est - truth, *extra, reports, sd])
-        title = (f"{sc.name}: {sc.protocol.name} ({sc.protocol.method}), ε = {sc.protocol.epsilon:g}, "
+        title = (f"{sc.name}: {sc.protocol.name} ({getattr(sc.protocol, 'method')}), ε = {sc.protocol.epsilon:g}, "
                  f"n = {sc.devices:,}")
         draw("estimates_plot", rounds, truth, est, sd, title, [c.round for c in sc.changes],
              "sum of counters over devices", "truth (population sum)", "truth ± 1.96 sd (theory, upper bound)")
@@ -337,6 +338,8 @@ def _write_estimates(result: RunResult, out: Path, seconds: dict[str, float] | N
              *((str(label),) if label else ()))
         return
     k = width_of(sc.protocol)
+    if k is None:
+        raise ValueError(f"protocol kind {sc.protocol.kind!r}: not a mean, histogram, counters, epoch or stream")
     truth, est, sd = (_stack([getattr(r, f) for r in recs], k) for f in ("truth", "estimate", "sd_theory"))
     if sc.protocol.kind == "counters":
         table(["round", "counter", "truth", "estimate", "error", "theory_sd", "reports", "clipped"],
@@ -462,7 +465,9 @@ class _Background:
     """``fn()`` in a thread of its own; :meth:`result` waits for it and returns its value or raises its error."""
 
     def __init__(self, fn: Callable[[], Any], name: str) -> None:
-        self._fn, self._value, self._error = fn, None, None
+        self._fn: Callable[[], Any] = fn
+        self._value: Any = None
+        self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 

@@ -269,7 +269,7 @@ def _build_shard(scenario_data: dict, cohorts: list[tuple[int, int]]) -> Any:
     sc = parse(scenario_data)
     world = World(sc.seed, sc.devices, sc.groups, sc.changes, sc.protocol.max_value,
                   span=(cohorts[0][0], cohorts[-1][1]), last_day=sc.rounds)
-    network = Network(None, sc.network, sc.seed)  # type: ignore[arg-type]  (keyed fates only: no SimPy here)
+    network = Network(None, sc.network, sc.seed)  # keyed fates only: no SimPy here
     return CohortShard(sc.protocol, sc.seed, sc.limits, world, network, cohorts, sc.simulation.round_seconds)
 
 

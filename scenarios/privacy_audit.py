@@ -326,7 +326,7 @@ def clopper_pearson(k: np.ndarray | int, n: int, level: float = LEVEL) -> tuple[
     return lo, hi
 
 
-def _log_ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+def _log_ratio(num: np.ndarray | float, den: np.ndarray | float) -> np.ndarray:
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(num > 0, np.log(num) - np.log(den), -np.inf)
 
@@ -566,25 +566,25 @@ def draw(rows: Sequence[Row], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    shown = [r for r in rows if r.eps_lb is not None]
+    shown = [(r, r.eps_lb) for r in rows if r.eps_lb is not None]
     fig, ax = plt.subplots(figsize=(1.8 + 1.6 * max(1, len(shown)), 3.8))
     x = np.arange(len(shown))
-    finite = [r.claimed for r in shown if r.claimed is not None and math.isfinite(r.claimed)]
-    top = max([*(r.eps_hat or 0 for r in shown if r.eps_hat is not None and math.isfinite(r.eps_hat)),
-               *(r.eps_lb or 0 for r in shown), *finite, 0.1]) * 1.25
-    for i, r in enumerate(shown):
+    finite = [r.claimed for r, _ in shown if r.claimed is not None and math.isfinite(r.claimed)]
+    top = max([*(r.eps_hat for r, _ in shown if r.eps_hat is not None and math.isfinite(r.eps_hat)),
+               *(lb for _, lb in shown), *finite, 0.1]) * 1.25
+    for i, (r, lb) in enumerate(shown):
         claim = r.claimed if r.claimed is not None and math.isfinite(r.claimed) else top
         ax.bar(i, claim, width=0.6, color="none", edgecolor="tab:gray", hatch="//" if claim == top else None,
                label="claimed (ledger or worst case)" if i == 0 else None)
-        ax.bar(i, r.eps_lb, width=0.35, color="tab:blue", label="eps_lb (99% lower bound)" if i == 0 else None)
-        ax.annotate(f"{r.eps_lb:.2f}", (i + 0.18, r.eps_lb), ha="left", va="bottom", fontsize=7)
+        ax.bar(i, lb, width=0.35, color="tab:blue", label="eps_lb (99% lower bound)" if i == 0 else None)
+        ax.annotate(f"{lb:.2f}", (i + 0.18, lb), ha="left", va="bottom", fontsize=7)
         if r.eps_hat is not None and math.isfinite(r.eps_hat):
             ax.plot(i, r.eps_hat, "o", color="tab:red", label="eps_hat (point estimate)" if i == 0 else None)
-    ax.set_xticks(x, [f"{r.game}\n({r.rounds} rd)" for r in shown], fontsize=8)
+    ax.set_xticks(x, [f"{r.game}\n({r.rounds} rd)" for r, _ in shown], fontsize=8)
     ax.set_ylim(0, top)
     ax.set_ylabel("epsilon (nats)")
-    title = shown[0].protocol if shown else (rows[0].protocol if rows else "")
-    trials = shown[0].trials if shown else 0
+    title = shown[0][0].protocol if shown else (rows[0].protocol if rows else "")
+    trials = shown[0][0].trials if shown else 0
     ax.set_title(f"{title}: empirical epsilon, {trials:,} canaries per input (hatched: unbounded claim)",
                  fontsize=9)
     if ax.get_legend_handles_labels()[0]:  # no labelled artist (e.g. every claim unbounded): no empty legend

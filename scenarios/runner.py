@@ -12,7 +12,7 @@ import functools
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, TextIO
+from typing import Any, Callable, Protocol, TextIO
 
 import numpy as np
 import simpy
@@ -23,9 +23,10 @@ from agents.shard import ShardedCohorts, ThreadShards, guard_counts
 from agents.world import World
 from collector import spill
 from collector.hostile import Hostility
-from collector.network import Network
-from collector.process import CollectorProcess
+from collector.network import Network, Traffic
+from collector.process import CollectorProcess, CollectorStats
 from protocols import transcript as canonical
+from protocols.base import CollectorSide, Observer, ProtocolParams
 from protocols.ledger import Ledger
 from scenarios import attacks
 from scenarios.metrics import round_metrics
@@ -45,14 +46,27 @@ class RoundRecord:
     info: dict = dataclasses.field(default_factory=dict)  # protocol-specific figures (THRESH: global_update, ...)
 
 
+class RunCollector(Protocol):
+    """What a run's result keeps of its collector: the simulated CollectorProcess or the live server."""
+
+    protocol: CollectorSide
+    stats: CollectorStats
+
+
+class RunNetwork(Protocol):
+    """What a run's result keeps of its network: the messages and bytes it carried."""
+
+    traffic: Traffic
+
+
 @dataclass
 class RunResult:
     scenario: Scenario
     rounds: list[RoundRecord]
     ledger: Ledger
     world: World
-    collector: CollectorProcess
-    network: Network
+    collector: RunCollector
+    network: RunNetwork
     transcript_digest: str
     wall_seconds: float
     device_rejected: int
@@ -63,25 +77,38 @@ class RunResult:
     true_values: np.ndarray | None = None
 
 
-def _event_logger(stream: TextIO | None, env: simpy.Environment) -> Any:
+class Clock(Protocol):
+    """The time the events are stamped with: a SimPy environment's, or a live run's nominal clock."""
+
+    @property
+    def now(self) -> float: ...
+
+
+def _event_logger(stream: TextIO | None, clock: Clock) -> Any:
     """A structlog logger writing JSON lines with the simulated time on every event."""
 
     def add_sim_time(_, __, event: dict) -> dict:
-        event["sim_time"] = float(env.now)
+        event["sim_time"] = float(clock.now)
         return event
 
     if stream is None:
         return structlog.wrap_logger(structlog.ReturnLogger(), processors=[lambda *_: ""])
-    return structlog.wrap_logger(
-        structlog.WriteLogger(stream),
-        processors=[add_sim_time, structlog.processors.add_log_level, structlog.processors.JSONRenderer()],
-    )
+    processors: list[Any] = [add_sim_time, structlog.processors.add_log_level, structlog.processors.JSONRenderer()]
+    return structlog.wrap_logger(structlog.WriteLogger(stream), processors=processors)
 
 
-def bucket_width(params: object) -> float:
+def bucket_width(params: ProtocolParams) -> float:
     """Value width of a histogram bucket (1 for protocols without buckets)."""
     k = getattr(params, "buckets", None)
     return params.max_value / k if k else 1.0
+
+
+def protocol_parameters(params: ProtocolParams) -> dict[str, Any]:
+    """A protocol's parameters by name (the run_started event, summary.json ``parameters``): a dataclass's
+    fields, else the public attributes of the instance (a plugin's parameter class need not be a dataclass)."""
+    if dataclasses.is_dataclass(params) and not isinstance(params, type):
+        return dataclasses.asdict(params)
+    return {k: v for k, v in getattr(params, "__dict__", {}).items() if not k.startswith("_")}
 
 
 def cohort_slices(n: int, size: int) -> list[tuple[int, int]]:
@@ -121,8 +148,8 @@ def _run(sc: Scenario, t0: float, slices: list[tuple[int, int]], workers: int, p
     protocol = sc.protocol.make_collector(sc.devices)
     spill.attach(protocol)  # large non-bit transcripts go to a temporary directory, not RAM
 
-    collector = CollectorProcess(env, protocol, network, [], sc.network.deadline, log,
-                                 Hostility(sc.behavior, sc.protocol.max_value))
+    hostility = Hostility(sc.behavior, sc.protocol.max_value)
+    collector = CollectorProcess(env, protocol, network, [], sc.network.deadline, log, hostility)
     cohorts: list[Any] = []
     answering = 0 if pool is not None else resolve_threads(sc.simulation.threads, workers, sc.devices, sc.rounds,
                                                            len(slices), sc.simulation.cohort_size)
@@ -135,7 +162,7 @@ def _run(sc: Scenario, t0: float, slices: list[tuple[int, int]], workers: int, p
         if not isinstance(pool, ThreadShards):
             world.use_values(pool.values)  # the truth from the values the workers compute anyway
         collector.cohort_inboxes.append(sharded.inbox)
-        observing = hasattr(sc.protocol.make_devices(sc.seed, np.arange(1), sc.limits), "observe")
+        observing = isinstance(sc.protocol.make_devices(sc.seed, np.arange(1), sc.limits), Observer)
         observers: list[Any] = [sharded] if observing else []
     else:
         for lo, hi in slices:
@@ -143,8 +170,8 @@ def _run(sc: Scenario, t0: float, slices: list[tuple[int, int]], workers: int, p
             cohorts.append(CohortAgent(env, device, world, network, ledger, collector.deliver,
                                        sc.simulation.round_seconds))
         collector.cohort_inboxes.extend(c.inbox for c in cohorts)
-        observers = [c for c in cohorts if hasattr(c.device, "observe")]
-    log.info("run_started", devices=sc.devices, rounds=sc.rounds, protocol=dataclasses.asdict(sc.protocol),
+        observers = [c for c in cohorts if isinstance(c.device, Observer)]
+    log.info("run_started", devices=sc.devices, rounds=sc.rounds, protocol=protocol_parameters(sc.protocol),
              cohorts=len(slices), workers=workers, round_epsilon=sc.protocol.round_epsilon)
 
     book = RoundBook(sc, world, ledger, protocol, log)
@@ -178,7 +205,7 @@ def _run(sc: Scenario, t0: float, slices: list[tuple[int, int]], workers: int, p
                 canonical.prepare_ahead(protocol.stages(), submit)
             if progress is not None:
                 progress(r, sc.rounds)
-        for t in collector.hostility.extra_rounds(sc.collections):  # a hostile collector asking for more
+        for t in hostility.extra_rounds(sc.collections):  # a hostile collector asking for more
             for r in range((t - 1) * book.epoch_length + 1, t * book.epoch_length + 1):
                 yield from new_day(r, honest=False)
             yield env.process(collector.run_round(t))

@@ -110,7 +110,7 @@ class _Table(Table):
         super().__init__(data, where, error or ScenarioError)
 
 
-def _dist(t: _Table) -> Dist:
+def _dist(t: Table) -> Dist:
     kind = t.get("dist", str, check=lambda v: v in ("constant", "uniform", "normal", "bernoulli", "data"),
                  what='"constant", "uniform", "normal", "bernoulli" or "data"')
     if kind == "data":
@@ -181,7 +181,7 @@ def load_data(spec: str, field_name: str) -> np.ndarray:
     return _DATA_CACHE[path]
 
 
-def _jitter(t: _Table) -> float:
+def _jitter(t: Table) -> float:
     kind = t.get("dist", str, check=lambda v: v in ("normal", "none"), what='"normal" or "none"')
     sd = t.get("sd", float, check=lambda v: v >= 0, what=">= 0") if kind == "normal" else 0.0
     t.done()
@@ -192,7 +192,7 @@ def _positive(v: float) -> bool:
     return v > 0
 
 
-def _protocol(pt: _Table, ctx: Context) -> ProtocolParams:
+def _protocol(pt: Table, ctx: Context) -> ProtocolParams:
     """The [protocol] table: ``name`` picks the registered protocol (protocols/registry.py), whose parameter
     class parses and checks the rest of the table itself."""
     name = pt.get("name", str, check=lambda v: len(v) > 0, what="a protocol name")
@@ -321,14 +321,14 @@ def parse(data: dict[str, Any]) -> Scenario:
         if rnd > rounds:
             warnings.append(f"changes[{i}].round: {rnd} is after the last round ({rounds}); it will not happen")
         group = t.get("group", str, check=lambda v: v in names, what=f"one of the groups {names}")
-        counter = _dist(t.table("counter")) if "counter" in c else None
-        jitter = _jitter(t.table("jitter")) if "jitter" in c else None
+        new_counter = _dist(t.table("counter")) if "counter" in c else None
+        new_jitter = _jitter(t.table("jitter")) if "jitter" in c else None
         t.used.update(("counter", "jitter"))
         fraction = t.get("fraction", float, 1.0, check=lambda v: 0 < v <= 1, what="a number in (0, 1]")
-        if counter is None and jitter is None:
+        if new_counter is None and new_jitter is None:
             raise ScenarioError(f"changes[{i}]: needs a counter or a jitter to change")
         t.done()
-        changes.append(Change(rnd, group, counter, jitter, fraction))
+        changes.append(Change(rnd, group, new_counter, new_jitter, fraction))
 
     ct = top.table("collector", default=None)
     behavior = ct.get("behavior", str, "honest", check=lambda v: v in BEHAVIORS, what=f"one of {list(BEHAVIORS)}")

@@ -314,7 +314,8 @@ def plan(spec: str, grid_args: list[str], repeat: str | int | None = None, worke
     else:
         n_workers = min(2, os.cpu_count() or 1)
     overrides = list(overrides or [])
-    on_base, on_every_point = [], []
+    on_base: list[str] = []
+    on_every_point: list[str] = []
     for item in overrides:
         key = item.split("=", 1)[0].strip()
         under = False

@@ -21,13 +21,14 @@ import json
 import os
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Literal, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from protocols import transcript as canonical
+from protocols.ledger import ChargeRows
 
 TRANSCRIPT = "transcript.parquet"
 LEDGER = "ledger.parquet"
@@ -278,7 +279,7 @@ def device_rows(table: pa.Table, devices: int | Iterable[int]) -> pa.Table:
     "in", sample)])`` (or read_ledger) does the same while reading."""
     import pyarrow.compute as pc
 
-    ids = [int(devices)] if np.isscalar(devices) else [int(d) for d in devices]
+    ids = [int(devices)] if isinstance(devices, (int, np.integer)) else [int(d) for d in devices]
     return table.filter(pc.is_in(table["device"], value_set=pa.array(ids, pa.int64())))
 
 
@@ -289,16 +290,16 @@ LEDGER_SCHEMA = pa.schema([pa.field("device", pa.int64(), nullable=False), pa.fi
                            pa.field("amount", pa.float64(), nullable=False)])
 
 
-def write_ledger(path: Path | str, chunks: Iterable[dict]) -> int:
+def write_ledger(path: Path | str, chunks: Iterable[ChargeRows]) -> int:
     """ledger.parquet from Ledger.rows() chunks (one row per device and charge, in the order charged);
     returns the row count."""
     reasons: list[str] = []
 
-    def merged(group: list[tuple[np.ndarray, dict]], known: int) -> pa.RecordBatch:
+    def merged(group: list[tuple[np.ndarray, ChargeRows]], known: int) -> pa.RecordBatch:
         """The chunks of ``group`` as one batch, its reason dictionary the first ``known`` reasons."""
         k = np.array([devices.size for devices, _ in group])
 
-        def column(key: str, dtype: Any) -> pa.Array:
+        def column(key: Literal["round", "time", "amount"], dtype: Any) -> pa.Array:
             return _numeric(np.repeat(np.array([ch[key] for _, ch in group], dtype), k))
 
         reason = np.repeat(np.array([reasons.index(ch["reason"]) for _, ch in group], np.int32), k)
@@ -312,7 +313,7 @@ def write_ledger(path: Path | str, chunks: Iterable[dict]) -> int:
         # where the reasons seen so far grow (the batches' dictionaries are those of one batch per chunk, so the
         # file is byte for byte the same): a few numpy calls per million rows rather than a few per chunk, and
         # a background writer rarely waits for the GIL.
-        group: list[tuple[np.ndarray, dict]] = []
+        group: list[tuple[np.ndarray, ChargeRows]] = []
         rows = known = 0
         for ch in chunks:
             devices = np.asarray(ch["devices"], dtype=np.int64)

@@ -73,3 +73,38 @@ class UnderstatedKFlip(KFlipParams):
 
     def guarantee(self, horizon: int) -> Guarantee:
         return Guarantee(horizon * self.epsilon / 2, f"R x eps / 2 = {horizon} x {self.epsilon:g} / 2 (understated)")
+
+
+class PlainKFlip:
+    """k-ary randomized response behind a parameter class that is not a dataclass (the README asks for none):
+    it delegates to the shipped KFlipParams. Named in a scenario as ``tests.support:PlainKFlip``."""
+
+    kind = "histogram"
+    report_family = None
+
+    def __init__(self, inner: KFlipParams) -> None:
+        self._inner = inner
+        self.name, self.epsilon, self.max_value, self.buckets = "plainkflip", inner.epsilon, inner.max_value, inner.buckets
+
+    @classmethod
+    def from_table(cls, name, table, ctx):  # type: ignore[no-untyped-def]
+        return cls(KFlipParams.from_table("kflip", table, ctx))
+
+    @property
+    def round_epsilon(self) -> float:
+        return self._inner.round_epsilon
+
+    def guarantee(self, horizon: int) -> Guarantee:
+        return self._inner.guarantee(horizon)
+
+    def make_devices(self, seed, ids, limits=None):  # type: ignore[no-untyped-def]
+        return self._inner.make_devices(seed, ids, limits)
+
+    def make_collector(self, n_devices: int):  # type: ignore[no-untyped-def]
+        return self._inner.make_collector(n_devices)
+
+    def truth(self, values):  # type: ignore[no-untyped-def]
+        return self._inner.truth(values)
+
+    def estimate_sd(self, values, reports):  # type: ignore[no-untyped-def]
+        return self._inner.estimate_sd(values, reports)

@@ -594,6 +594,21 @@ def test_run_exits_one_when_a_device_spends_past_the_protocols_own_guarantee(tmp
     assert summary["privacy"]["within_guarantee"] is False
 
 
+def test_a_protocol_whose_parameter_class_is_not_a_dataclass_runs(tmp_path, capsys):
+    """The README asks a plugin's parameter class for from_table and a few attributes, not for a dataclass: one
+    that is a plain class crashed at the run's start (dataclasses.asdict in the run_started event). Its
+    parameters are now its public attributes, in the event and in summary.json."""
+    out = tmp_path / "r"
+    table = 'protocol={name = "tests.support:PlainKFlip", epsilon = 1.0, max_value = 86400, buckets = 8}'
+    assert main(["run", "quickstart", "--out", str(out), "--set", table, "--set", "population.devices=200",
+                 "--set", "rounds=2", "--quiet"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["parameters"] == {"name": "plainkflip", "epsilon": 1.0, "max_value": 86400.0, "buckets": 8,
+                                     "round_epsilon": 1.0}
+    started = next(json.loads(line) for line in (out / "events.jsonl").open() if '"run_started"' in line)
+    assert started["protocol"]["name"] == "plainkflip"
+
+
 def test_a_protocol_class_that_names_itself_with_its_class_path_is_refused(tmp_path, capsys):
     """A module:Class protocol whose from_table keeps the name it was given ("tests.support:...") made a run in
     which every message was refused by the wire format and no device ever reported, with exit 0; now it is a

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import copy
 import csv
-import dataclasses
 import json
 import math
 from collections import defaultdict
@@ -102,9 +101,8 @@ class Study:
         if key not in self._params:
             data = copy.deepcopy(self.sweep["scenario_data"])
             set_path(data, "protocol", self.tables[variant])
-            set_path(data, "protocol.epsilon", self.epss[0])
-            base = schema.parse(data).protocol
-            self._params[key] = dataclasses.replace(base, epsilon=float(eps))
+            set_path(data, "protocol.epsilon", float(eps))
+            self._params[key] = schema.parse(data).protocol
         return self._params[key]
 
     def day_values(self, group: str) -> np.ndarray:

@@ -66,10 +66,10 @@ def main() -> None:
     lines = ["| ε | θ SW-W | θ EMS | θ oracle | MSE SW-W / zero | MSE EMS / zero | MSE oracle / zero |",
              "|---|---|---|---|---|---|---|"]
     for e in epss:
-        th = {m: np.array([s["threshold"][0]["theta"] for s in cells[(m, e)]]) for m in METHODS}
+        theta = {m: np.array([s["threshold"][0]["theta"] for s in cells[(m, e)]]) for m in METHODS}
         ratio = {m: np.array([s["range_mse"] / s["range_mse_zero_baseline"] for s in cells[(m, e)]])
                  for m in METHODS}
-        lines.append(f"| {e:g} | " + " | ".join(f"{th[m].mean():.1f} ± {th[m].std(ddof=1):.1f}" for m in METHODS)
+        lines.append(f"| {e:g} | " + " | ".join(f"{theta[m].mean():.1f} ± {theta[m].std(ddof=1):.1f}" for m in METHODS)
                      + " | " + " | ".join(f"{ratio[m].mean():.2e} (max {ratio[m].max():.1e})" for m in METHODS)
                      + " |")
     (path / "summary_table.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
