@@ -23,18 +23,24 @@ from scenarios import allocator, jsonout, resources
 from scenarios.schema import ScenarioError, load
 
 
-#: what a run directory holds; ``--force`` removes these (and only these) before a new run writes there
-RUN_FILES = ("summary.json", "scenario.json", "audit.json", "*.jsonl", "*.csv", "*.png", "*.parquet")
+#: every file a run directory may hold (``ldpsim run``/``live``/``serve`` and ``ldpsim audit``'s report):
+#: before a run writes there these (and only these names) are removed; a user's own files stay
+RUN_FILES = ("summary.json", "scenario.json", "events.jsonl", "downlink.jsonl", "estimates.csv", "estimates.png",
+             "ledger.csv", "ledger.parquet", "spend.csv", "spend.parquet", "spend.png", "spend_over_time.csv",
+             "transcript.parquet", "eps_delta.csv", "attacks.csv", "attacks.png", "audit.json")
 
 
 def clear_previous_run(out: Path) -> None:
     """Remove every file of a previous run in ``out`` (summary.json first: the old run stops being complete),
-    so no table of the old run can sit beside the new summary. Files of other kinds are left alone."""
+    so no table of the old run can sit beside the new summary, with the temporary files a killed run left
+    (``.STEM.tmp-PID.SUFFIX``, ``NAME.tmp``). Other files are left alone: a user's own ``notes.csv`` beside the run stays."""
     (out / "summary.json").unlink(missing_ok=True)
-    for pattern in RUN_FILES:
-        for path in out.glob(pattern):
-            if path.is_file():
-                path.unlink()
+    for name in RUN_FILES:
+        path = out / name
+        stem, suffix = path.stem, path.suffix
+        for found in (path, path.with_name(name + ".tmp"), *out.glob(f".{stem}.tmp-*{suffix}")):
+            if found.is_file():
+                found.unlink()
 
 
 def discard_partial_run(out: Path, remove_dir: bool) -> None:

@@ -337,6 +337,31 @@ def test_out_without_summary_is_reused(tmp_path, capsys):
     assert (out / "summary.json").is_file()
 
 
+def test_a_run_removes_only_its_own_files(tmp_path, capsys):
+    """--out into a folder of the user's own files: the run used to delete every *.csv, *.png, *.jsonl and
+    *.parquet there (a thesis_data.csv, a compare.png). Now only the names a run writes go, with the temporary
+    files a killed run left; a forced rerun, and a run that fails, leave the user's files as they were."""
+    from scenarios import cli
+
+    out = tmp_path / "mine"
+    out.mkdir()
+    mine = {"thesis_data.csv": "a,b\n1,2\n", "figure.png": "not a png", "notes.jsonl": "{}\n",
+            "table.parquet": "x", "compare.csv": "epoch\n"}
+    for name, text in mine.items():
+        (out / name).write_text(text, encoding="utf-8")
+    (out / ".ledger.tmp-999.parquet").write_text("half", encoding="utf-8")  # a killed run's
+    assert main(["run", "quickstart", "--out", str(out), "--quiet", *SMALL]) == 0
+    assert main(["run", "quickstart", "--out", str(out), "--quiet", "--force", *SMALL]) == 0
+    capsys.readouterr()
+    for name, text in mine.items():
+        assert (out / name).read_text(encoding="utf-8") == text, name
+    assert not (out / ".ledger.tmp-999.parquet").exists()
+    written = {p.name for p in out.iterdir()} - set(mine)
+    assert written <= set(cli.RUN_FILES), written - set(cli.RUN_FILES)  # every file a run writes is cleared
+    cli.discard_partial_run(out, remove_dir=True)  # what a failed run does: the run's files go, the user's stay
+    assert {p.name for p in out.iterdir()} == set(mine)
+
+
 def test_out_that_is_a_file(tmp_path):
     """--out naming an existing file is an argument error (one line, exit 2), not a traceback."""
     target = tmp_path / "afile"
