@@ -41,11 +41,14 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from protocols.round_mechanism import DiscretePair, LaplacePair, NoRoundMechanism, RoundMechanism
+
+if TYPE_CHECKING:
+    from scenarios.schema import Scenario
 
 DELTAS: tuple[float, ...] = (1e-6, 1e-9)
 CSV = "eps_delta.csv"
@@ -348,3 +351,25 @@ def write_table(table: EpsDeltaTable, path: Path) -> int:
         lines.append(",".join(cells))
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return table.rounds
+
+
+def promises(sc: Scenario) -> dict[str, Any]:
+    """summary.json's ``privacy`` figures that follow from the scenario alone, whatever the devices spent: the
+    protocol's guarantee for the run (with its derivation and scope), the per-report epsilon, the budget and
+    horizon the devices enforce, the collector's behavior, (eps, delta) for fresh-report protocols and, for
+    memoized ones, the worst-case loss. ``ldpsim audit`` recomputes them to check the summary's."""
+    g = sc.protocol.guarantee(sc.collections)
+    out: dict[str, Any] = {
+        "guarantee": g.value, "derivation": g.derivation, "scope": g.scope,
+        "round_epsilon": float(sc.protocol.round_epsilon),
+        "budget": sc.budget, "horizon": sc.collections, "collector_behavior": sc.behavior,
+        "eps_delta": summary_entry(sc.protocol, sc.collections)[0],
+    }
+    if g.worst_case is not None:
+        value, exact, method = g.worst_case
+        # an unbounded loss stays inf here: summary.json writes null and names it in non_finite ("inf")
+        out["worst_case_loss"] = {"value": float(value), "bounded": bool(np.isfinite(value)), "exact": exact,
+                                  "method": method,
+                                  "meaning": "largest log-ratio between this transcript's probability under any two "
+                                             "devices' inputs over the whole run (not within a behavior pattern)"}
+    return out

@@ -444,7 +444,10 @@ def cmd_audit(args: argparse.Namespace) -> int:
     """Check a finished run device by device against the reference models (scenarios/audit.py)."""
     from scenarios import audit
 
-    return audit.main(args.run_dir, args.devices, args.ledger, args.json, args.quiet, args.allow_code)
+    seed = None if args.sample_seed is None else _int_arg("--sample-seed", args.sample_seed)
+    if seed is not None and not 0 <= seed < 2**63:
+        raise ScenarioError(f"--sample-seed {args.sample_seed}: must be in [0, 2^63)")
+    return audit.main(args.run_dir, args.devices, args.ledger, args.json, args.quiet, args.allow_code, seed)
 
 
 def cmd_privacy_audit(args: argparse.Namespace) -> int:
@@ -668,6 +671,9 @@ def parser() -> argparse.ArgumentParser:
     au.add_argument("--devices", metavar="N|all",
                     help="audit a keyed sample of N devices, or all (default: all up to 100,000, else a keyed "
                          "sample of 100,000)")
+    au.add_argument("--sample-seed", metavar="S",
+                    help="the key of the sample (default: a fresh random one, recorded in audit.json; give it to "
+                         "repeat an audit of the same devices)")
     au.add_argument("--ledger", action="append", default=[], metavar="PATH",
                     help="a ledger.parquet written by a device shard (ldpsim devices --out); repeatable; "
                          "replaces RUN_DIR's ledger")

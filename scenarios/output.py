@@ -188,37 +188,32 @@ def draw_spend(result: RunResult, path: Path, painter: PlotProcess | None = None
 
 
 def privacy_summary(result: RunResult) -> dict:
-    """What each device was promised and what it spent: the protocol's guarantee for this run (with its
-    derivation and scope), the per-report guarantee, the budget and horizon the devices enforced, the devices'
-    refusals and ignored messages, and, for memoized protocols, the worst-case loss against any other device
-    (a different kind of number from the within-pattern spend, named as such)."""
+    """What each device was promised (accounting.promises: the guarantee with its derivation and scope, the
+    per-report epsilon, the budget and horizon the devices enforced, (eps, delta), the worst-case loss of
+    memoized protocols) and what it spent: the largest spend against the guarantee and the budget, the devices'
+    refusals and ignored messages and, for memoized protocols, the within-pattern spend (a different kind of
+    number from the worst-case loss, named as such)."""
     sc = result.scenario
-    g = sc.protocol.guarantee(sc.collections)
+    promised = accounting.promises(sc)
     kept = _ledger_here(result)
     spend = result.ledger.spend
     max_spend = float(spend.max()) if kept and spend.size else None
+    g = promised["guarantee"]
     out: dict = {
-        "guarantee": g.value, "derivation": g.derivation, "scope": g.scope,
-        "round_epsilon": float(sc.protocol.round_epsilon),
-        "budget": sc.budget, "horizon": sc.collections, "collector_behavior": sc.behavior,
+        **{k: promised[k] for k in ("guarantee", "derivation", "scope", "round_epsilon", "budget", "horizon",
+                                    "collector_behavior")},
         "ledger": "this run" if kept else "device shards",
         "max_spend": max_spend,
-        "within_guarantee": None if max_spend is None else not exceeds(max_spend, g.value),
+        "within_guarantee": None if max_spend is None else not exceeds(max_spend, g),
         "within_budget": (None if max_spend is None or sc.budget is None
                           else not exceeds(max_spend, sc.budget)),
         "refusals": result.guards.get("refusals") if kept else None,
         "ignored_messages": result.guards.get("ignored") if kept else None,
+        "eps_delta": promised["eps_delta"],  # (eps, delta) beside pure eps: a PLD accountant, cached per run
     }
-    # (eps, delta) beside pure eps for fresh-report protocols: a PLD accountant, cached per run
-    out["eps_delta"] = accounting.summary_entry(sc.protocol, sc.collections)[0]
-    if g.worst_case is not None:
-        value, exact, method = g.worst_case
-        # an unbounded loss stays inf here: summary.json writes null and names it in non_finite ("inf")
-        out["worst_case_loss"] = {"value": float(value), "bounded": bool(np.isfinite(value)), "exact": exact,
-                                  "method": method,
-                                  "meaning": "largest log-ratio between this transcript's probability under any two "
-                                             "devices' inputs over the whole run (not within a behavior pattern)"}
-        out["within_pattern_spend"] = {"guarantee": g.value, "max": max_spend,
+    if "worst_case_loss" in promised:
+        out["worst_case_loss"] = promised["worst_case_loss"]
+        out["within_pattern_spend"] = {"guarantee": g, "max": max_spend,
                                        "meaning": "pattern width x eps: indistinguishable from devices with the "
                                                   "same behavior pattern (Theorem 4)"}
     return out

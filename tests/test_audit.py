@@ -199,6 +199,23 @@ def _null_at(path: Path, column: str, row: int) -> None:
 META = f'"format": "{tables.FORMAT}", "protocol": "1bitrrpm"'  # the start of a transcript's metadata
 
 
+def _listify(path: Path, column: str) -> None:
+    """``column`` as one-element lists (its metadata still says width 1)."""
+    table = pq.read_table(path)
+    values = pa.array([[v] for v in table[column].to_pylist()], pa.list_(pa.int64()))
+    at = table.schema.get_field_index(column)
+    _rewrite(path, table.set_column(at, column, values).replace_schema_metadata(table.schema.metadata))
+
+
+def _widened_meta(run: Path, column: str, width: int) -> str:
+    meta = tables.transcript_meta(pq.read_table(run / "transcript.parquet"))
+    for stage in meta["stages"]:
+        for c in stage["columns"]:
+            if c["name"] == column:
+                c["width"] = width
+    return json.dumps(meta)
+
+
 def _transcript_meta(run: Path, text: str) -> None:
     table = pq.read_table(run / "transcript.parquet")
     _rewrite(run / "transcript.parquet", table.replace_schema_metadata({b"ldpsim.transcript": text.encode()}))
@@ -212,10 +229,10 @@ def test_tampered_ledger_amount(tmp_path, clean_runs) -> None:
     _rewrite(run / "ledger.parquet", table.set_column(table.column_names.index("amount"), "amount", pa.array(amount)))
     record = audit.audit(run)
     assert record["verdict"] == "failed"
-    # the device now spends more than summary.json's max spend says any device spent
+    # the device now spends more than summary.json's max spend says any device spent (and the mean moved)
     assert kinds(record) == {"charge_amount", "spend_total", "summary_claim", "ledger_digest"}
-    assert {ex["key"] for ex in record["mismatches"]["summary_claim"]["examples"]} == {"privacy.max_spend",
-                                                                                      "epsilon.max"}
+    assert {ex["key"] for ex in record["mismatches"]["summary_claim"]["examples"]} == {
+        "privacy.max_spend", "epsilon.max", "epsilon.mean", "privacy.within_pattern_spend.max"}
     ex = record["mismatches"]["charge_amount"]["examples"][0]
     assert ex["device"] == int(table["device"][7].as_py()) and ex["ledger"] == pytest.approx(ex["reference"] + 0.25)
 
@@ -489,6 +506,152 @@ def test_a_simulated_run_relabelled_live_fails(tmp_path, clean_runs) -> None:
     assert ex == {"key": "runtime", "summary": "live", "recomputed": "simulated"}
 
 
+# ------------------------------------------------------------------------------- found by an attacker
+def test_a_summary_that_says_its_ledger_is_elsewhere_still_has_its_spend_checked(tmp_path, clean_runs) -> None:
+    """privacy.ledger = "device shards" in summary.json turned off every spend claim and spend.parquet: a run
+    claiming, in summary.json and spend.parquet alike, a max spend of 0.5 against the ledger's 3 audited
+    clean. The audit now checks them whenever it read this directory's ledger.parquet."""
+    run = _copy(clean_runs["quickstart"], tmp_path / "run")
+    summary = json.loads((run / "summary.json").read_text())
+    summary["privacy"].update(ledger="device shards", max_spend=0.5, within_guarantee=True)
+    summary["epsilon"]["max"] = 0.5
+    (run / "summary.json").write_text(json.dumps(summary))
+    table = pq.read_table(run / "spend.parquet")
+    _rewrite(run / "spend.parquet", table.set_column(2, "spend", pa.compute.min_element_wise(table["spend"], 0.5)))
+    record = audit.audit(run, write=False)
+    assert kinds(record) == {"summary_claim", "spend_total"}
+    keys = {ex["key"] for ex in record["mismatches"]["summary_claim"]["examples"]}
+    assert {"privacy.ledger", "privacy.max_spend"} <= keys
+
+
+def test_every_published_privacy_figure_is_recomputed(tmp_path, clean_runs) -> None:
+    """The worst-case loss (the number memoized protocols' users are sent to), the within-pattern max, the
+    horizon, the guarantee's derivation, round_epsilon_max and the spend's mean and p99 were never checked:
+    each forged one is now a summary_claim naming it."""
+    run = _copy(clean_runs["quickstart"], tmp_path / "run")
+    summary = json.loads((run / "summary.json").read_text())
+    p = summary["privacy"]
+    assert p["worst_case_loss"]["value"] > 1.0  # 1BitRRPM: memoized, so it has one
+    p["worst_case_loss"]["value"] = 1.0
+    p["within_pattern_spend"]["max"] = 0.1
+    p["horizon"] = 2
+    p["derivation"] = "trust me"
+    summary["round_epsilon_max"] = 0.01
+    summary["epsilon"]["p99"] = 0.5
+    (run / "summary.json").write_text(json.dumps(summary))
+    record = audit.audit(run, write=False)
+    assert kinds(record) == {"summary_claim"}
+    assert record["mismatches"]["summary_claim"]["count"] == 6
+
+
+def test_forged_eps_delta_figures_fail(tmp_path) -> None:
+    """(eps, delta) of a fresh-report protocol (1BitMean): recomputed by the same accountant, not believed."""
+    sc = _with_protocol("quickstart", {"name": "1bitmean", "epsilon": 1.0, "max_value": 86400}, [])
+    output.write_run_dir(runner.run(sc), tmp_path / "run", transcript="always")
+    run = tmp_path / "run"
+    assert audit.audit(run, write=False)["verdict"] == "clean"
+    summary = json.loads((run / "summary.json").read_text())
+    entry = summary["privacy"]["eps_delta"]
+    assert entry["applies"], entry  # dp-accounting is a test dependency
+    entry["seconds"] = 123.0  # how long the accountant took: not a claim
+    for row in entry["deltas"].values():
+        row["epsilon"] = 0.5
+    (run / "summary.json").write_text(json.dumps(summary))
+    record = audit.audit(run, write=False)
+    assert kinds(record) == {"summary_claim"}
+    assert {ex["key"] for ex in record["mismatches"]["summary_claim"]["examples"]} == {
+        f"privacy.eps_delta.deltas.{d}.epsilon" for d in entry["deltas"]}
+
+
+def test_the_audit_sample_is_the_auditors_not_the_runs(tmp_path, clean_runs, capsys) -> None:
+    """The sample was keyed by the run's own seed, so whoever wrote the directory knew which devices would be
+    replayed. Now a fresh random seed keys it (recorded in audit.json), or --sample-seed to repeat one."""
+    run = clean_runs["quickstart"]
+    a = audit.audit(run, devices=37, write=False)
+    b = audit.audit(run, devices=37, write=False)
+    assert a["verdict"] == b["verdict"] == "clean"
+    assert a["devices"]["sample_seed"] != b["devices"]["sample_seed"]
+    same = audit.audit(run, devices=37, write=False, sample_seed=a["devices"]["sample_seed"])
+    assert same["devices"] == a["devices"]
+    ids, _ = audit.choose_devices(400, a["devices"]["sample_seed"], 37)
+    assert not np.array_equal(ids, audit.choose_devices(400, json.loads((run / "summary.json").read_text())["seed"],
+                                                        37)[0])
+    assert audit.audit(run, write=False)["devices"]["sample_seed"] is None  # every device: no sample
+    out = tmp_path / "cli"
+    shutil.copytree(run, out)
+    assert cli.main(["audit", str(out), "--devices", "37", "--sample-seed", "12", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["devices"]["sample_seed"] == 12
+    assert cli.main(["audit", str(out), "--sample-seed", "-1"]) == 2
+    assert "--sample-seed -1: must be in [0, 2^63)" in capsys.readouterr().err
+
+
+def test_a_report_or_charge_of_a_round_never_broadcast_fails(tmp_path, clean_runs) -> None:
+    """A transcript row moved from device 11 to device 10 at round 3 + 2^32 (a key that collides with round 3
+    of the next device), its digest recomputed, audited clean. Rows and charges of every device, sampled or
+    not, must belong to a round the collector broadcast."""
+    run = _copy(clean_runs["quickstart"], tmp_path / "run")
+    t = pq.read_table(run / "transcript.parquet")
+    dev, rnd = t["device"].to_numpy().copy(), t["round"].to_numpy().copy()
+    j = int(np.flatnonzero((dev == 11) & (rnd == 3))[0])
+    dev[j], rnd[j] = 10, 3 + 2**32
+    t = t.set_column(t.schema.get_field_index("device"), "device", pa.array(dev)).set_column(
+        t.schema.get_field_index("round"), "round", pa.array(rnd)).replace_schema_metadata(t.schema.metadata)
+    _rewrite(run / "transcript.parquet", t)
+    summary = json.loads((run / "summary.json").read_text())
+    summary["digests"]["transcript"] = tables.transcript_digest_of_table(t)
+    (run / "summary.json").write_text(json.dumps(summary))
+    led = pq.read_table(run / "ledger.parquet")
+    r = led["round"].to_numpy().copy()
+    r[0] = 99
+    _rewrite(run / "ledger.parquet", led.set_column(led.schema.get_field_index("round"), "round", pa.array(r)))
+    record = audit.audit(run, devices=5, write=False, sample_seed=1)
+    assert {"report_round", "charge_round"} <= kinds(record)
+    ex = record["mismatches"]["report_round"]["examples"][0]
+    assert (ex["device"], ex["round"]) == (10, 3 + 2**32)
+    assert record["mismatches"]["charge_round"]["examples"][0]["round"] == 99
+
+
+@pytest.mark.parametrize("damage", ["duplicate", "stranger", "round_epsilon", "group", "missing"])
+def test_spend_parquet_is_checked_whole(tmp_path, clean_runs, damage) -> None:
+    """Each passed: a second row for a device (a reader taking the last finds 0), a row for a device outside
+    the population, per-report epsilons lowered, a device's group changed, the file deleted."""
+    run = _copy(clean_runs["quickstart"], tmp_path / "run")
+    path = run / "spend.parquet"
+    t = pq.read_table(path)
+    if damage == "missing":
+        path.unlink()
+    elif damage in ("duplicate", "stranger"):
+        row = t.slice(10, 1)
+        extra = row.set_column(2, "spend", pa.array([0.0])) if damage == "duplicate" else \
+            row.set_column(0, "device", pa.array([123456], pa.int64())).set_column(2, "spend", pa.array([999.0]))
+        parts = [t.slice(0, 11), extra, t.slice(11)] if damage == "duplicate" else [t, extra]
+        _rewrite(path, pa.concat_tables(parts))
+    elif damage == "round_epsilon":
+        _rewrite(path, t.set_column(3, "round_epsilon", pa.array(np.full(t.num_rows, 0.001))))
+    else:
+        groups = t["group"].cast(pa.string()).to_pylist()
+        groups[0] = next(g for g in set(groups) if g != groups[0])
+        _rewrite(path, t.set_column(1, "group", pa.array(groups)))
+    record = audit.audit(run, write=False)
+    assert kinds(record) == {"spend_table"}, record["mismatches"]
+
+
+def test_a_live_run_must_say_how_many_reports_it_accepted(tmp_path) -> None:
+    """Deleting reports.accepted from a live run's summary.json, with rows deleted and the digest recomputed,
+    passed as unverified: a live run without the count now fails."""
+    run = tmp_path / "live"
+    assert cli.main(["live", "quickstart", *(f"--set={kv}" for kv in SMALL["quickstart"]), "--out", str(run),
+                     "--quiet"]) == 0
+    _drop_rows_keep_digest(run, 40)
+    summary = json.loads((run / "summary.json").read_text())
+    del summary["reports"]["accepted"]
+    (run / "summary.json").write_text(json.dumps(summary))
+    record = audit.audit(run, write=False)
+    assert kinds(record) == {"summary_claim"}
+    (ex,) = record["mismatches"]["summary_claim"]["examples"]
+    assert ex["key"] == "reports.accepted" and ex["summary"] is None
+
+
 # ------------------------------------------------------------------------------------------- the command
 def test_cli_json_and_exit_codes(tmp_path, clean_runs, capsys) -> None:
     run = _copy(clean_runs["quickstart"], tmp_path / "run")
@@ -525,6 +688,9 @@ def test_cli_json_and_exit_codes(tmp_path, clean_runs, capsys) -> None:
     (lambda r: _null_at(r / "ledger.parquet", "device", 0), "column 'device' has 1 missing (null) value(s)"),
     (lambda r: _null_at(r / "transcript.parquet", "round", 9), "column 'round' has 1 missing (null) value(s)"),
     (lambda r: _drop_column(r / "transcript.parquet", "bit"), "no column 'bit' (its metadata lists it)"),
+    # found by an attacker: a traceback each (audit._close, tables._column_values)
+    (lambda r: _listify(r / "transcript.parquet", "bit"), "column 'bit' must hold one number a row"),
+    (lambda r: _transcript_meta(r, _widened_meta(r, "bit", 2)), "column 'bit' must hold lists of 2 numbers"),
     (lambda r: _transcript_meta(r, "[1, 2]"), "metadata must be a JSON object"),
     (lambda r: _transcript_meta(r, f'{{{META}, "stages": []}}'), "devices must be"),
     (lambda r: _transcript_meta(r, f'{{{META}, "devices": 5, "stages": [{{"name": "x"}}]}}'),
