@@ -194,11 +194,17 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     print(f"ldpsim: sweep {sw.name}: {outcome.finished} run(s) finished now, {outcome.skipped} already done, "
           f"{outcome.failed} failed, of {outcome.total}; {out / 'results.csv'}, {out / 'results.parquet'} and "
           f"{len(outcome.plots)} plot(s)", file=sys.stderr)
+    code = 0
+    if outcome.breached:
+        print(f"ldpsim: error: privacy: {len(outcome.breached)} run(s) where a device spent past the protocol's own "
+              f"guarantee or the budget (results.csv within_guarantee): {outcome.breached[0]}"
+              f"{f' (and {len(outcome.breached) - 1} more)' if len(outcome.breached) > 1 else ''}", file=sys.stderr)
+        code = 1
     if outcome.failed:
         print(f"ldpsim: {outcome.failed} run(s) failed: see {out / 'failed.jsonl'}; "
               "repeat the command to retry them", file=sys.stderr)
-        return 1
-    return 0
+        code = 1
+    return code
 
 
 def cmd_compare(args: argparse.Namespace) -> int:

@@ -49,7 +49,7 @@ import time
 import traceback
 from collections import defaultdict
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
@@ -597,6 +597,8 @@ class Outcome:
     finished: int
     failed: int
     plots: list[Path]
+    #: runs (of every invocation) whose devices spent past the protocol's own guarantee or the budget
+    breached: list[str] = field(default_factory=list)
 
 
 def _prepare(sweep: Sweep, out: Path, force: bool) -> None:
@@ -744,7 +746,21 @@ def execute(sweep: Sweep, out: Path, force: bool = False, quiet: bool = False,
         if failed_file is not None:
             failed_file.close()
     plots = rebuild(sweep, out)
-    return Outcome(len(points) * sweep.repeat, len(done), finished, failed, plots)
+    return Outcome(len(points) * sweep.repeat, len(done), finished, failed, plots, breaches(sweep, out))
+
+
+def breaches(sweep: Sweep, out: Path) -> list[str]:
+    """Each recorded run whose devices spent past the protocol's own guarantee or the budget (summary.json
+    ``within_guarantee`` / ``within_budget`` false), as "point ..., repetition r: max spend X, guarantee G"."""
+    found = []
+    for (_, rep), rec in sorted(load_records(sweep, out).items()):
+        pv = rec["summary"].get("privacy", {})
+        if pv.get("within_guarantee") is False or pv.get("within_budget") is False:
+            point = ", ".join(f"{k}={_cell(v)}" for k, v in rec["point"].items())
+            budget = "" if pv.get("budget") is None else f", budget {_cell(pv['budget'])}"
+            found.append(f"{point or 'the base scenario'}, repetition {rep}: max spend {_cell(pv.get('max_spend'))}, "
+                         f"guarantee {_cell(pv.get('guarantee'))}{budget}")
+    return found
 
 
 # ------------------------------------------------------------------------------------------ the results
@@ -780,9 +796,13 @@ def tidy(sweep: Sweep, records: dict[tuple[int, int], dict[str, Any]]) -> tuple[
     # memoized protocols' epsilon_* figures are spend within a behavior pattern, not a whole transcript's loss:
     # a column says which, and their worst-case loss (inf: unbounded) stands beside them
     memo = any(isinstance(rec["summary"].get("privacy", {}).get("worst_case_loss"), dict) for rec in ordered)
+    # what each run promised its devices, and whether they kept within it (a protocol whose devices spend past
+    # its own guarantee is broken: execute() reports such runs and the command exits 1)
+    budgets = any(rec["summary"].get("privacy", {}).get("budget") is not None for rec in ordered)
+    verdicts = ("guarantee", "within_guarantee", *(("budget", "within_budget") if budgets else ()))
     header = [*sweep.keys, *fixed.values(), *(f"error_{k}" for k in err_names),
-              *(f"epsilon_{k}" for k in eps_names), *(("privacy_scope", "worst_case_loss") if memo else ()),
-              "wall_seconds"]
+              *(f"epsilon_{k}" for k in eps_names), *verdicts,
+              *(("privacy_scope", "worst_case_loss") if memo else ()), "wall_seconds"]
     rows = []
     for rec in ordered:
         s = rec["summary"]
@@ -792,6 +812,8 @@ def tidy(sweep: Sweep, records: dict[tuple[int, int], dict[str, Any]]) -> tuple[
         err, eps = s.get("error", {}), s.get("epsilon", {})
         row.update({f"error_{k}": err.get(k) if _number(err.get(k)) else None for k in err_names})
         row.update({f"epsilon_{k}": eps.get(k) for k in eps_names})
+        privacy = s.get("privacy", {})
+        row.update({k: privacy.get(k) for k in verdicts})
         if memo:
             worst = s.get("privacy", {}).get("worst_case_loss")
             row["privacy_scope"] = "within behavior pattern" if isinstance(worst, dict) else "whole transcript"
@@ -852,7 +874,9 @@ def write_parquet(path: Path, sweep: Sweep, header: list[str], rows: list[dict[s
         else:
             values = [row[c] for row in rows]
             given = [v for v in values if v is not None]
-            if all(isinstance(v, int) and not isinstance(v, bool) for v in given) and given:
+            if given and all(isinstance(v, bool) for v in given):
+                columns.append(pa.array(values, pa.bool_()))  # a verdict (within_guarantee): true, false or null
+            elif all(isinstance(v, int) and not isinstance(v, bool) for v in given) and given:
                 columns.append(pa.array(values, pa.int64()))  # a count (e.g. rounds without an estimate)
             elif all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in given):
                 columns.append(pa.array([None if v is None else float(v) for v in values], pa.float64()))

@@ -27,7 +27,8 @@ SMALL = ["--set", "population.devices=300", "--set", "rounds=2", "--set", "simul
 GRID = ["--grid", "protocol.epsilon=0.5,1,2", "--grid", "protocol.name=1bitmean,1bitrrpm"]
 COLUMNS = ["protocol.epsilon", "protocol.name", "repetition", "seed", "devices", "protocol", "error_mean_abs",
            "error_max_abs", "error_rmse", "error_rounds_without_estimate", "epsilon_max", "epsilon_mean",
-           "epsilon_p50", "epsilon_p99", "privacy_scope", "worst_case_loss", "wall_seconds"]
+           "epsilon_p50", "epsilon_p99", "guarantee", "within_guarantee", "privacy_scope", "worst_case_loss",
+           "wall_seconds"]
 COUNTERS = 'population.groups.0.counter={dist="constant",value=12},{dist="uniform",low=0,high=24}'
 
 
@@ -560,6 +561,7 @@ def test_results_parquet_holds_the_csv_rows_typed(two_workers):
     counts = {"error_rounds_without_estimate"}
     assert all(types[c] == (pa.int64() if c in counts else pa.float64())
                for c in header if c.startswith(("error_", "epsilon_", "wall")))
+    assert types["guarantee"] == pa.float64() and types["within_guarantee"] == pa.bool_()
     for got, want in zip(table.to_pylist(), rows):
         for c in header:
             assert (sweep._cell(got[c]) if c != "protocol.epsilon" else float(want[c])) == \
@@ -692,6 +694,29 @@ def test_a_set_under_a_table_the_grid_sets_whole_applies_on_top_of_every_point(t
     plan = sweep.plan("quickstart", [grid, "rounds=2,4"], repeat=1,
                       overrides=["protocol.buckets=4", "population.devices=300"])
     assert {plan.point_data(p)["protocol"]["buckets"] for p in plan.points} == {4}
+
+
+def test_a_sweep_of_a_protocol_that_spends_past_its_guarantee_exits_1(tmp_path, capsys):
+    """A plugin whose devices charge more than its guarantee says: `ldpsim run` exits 1 for it, but a sweep of it
+    said every run finished and exited 0, results.csv holding no guarantee. Now results.csv says each run's
+    guarantee and whether its devices kept within it, and the sweep names the runs in one line and exits 1."""
+    out = tmp_path / "out"
+    table = 'protocol={name = "tests.support:UnderstatedKFlip", epsilon = 1.0, max_value = 86400, buckets = 8}'
+    args = ["sweep", "quickstart", "--grid", "rounds=2,3", "--repeat", "1", "--workers", "1", "--set", table,
+            "--set", "population.devices=200", "--out", str(out), "--quiet"]
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert "ldpsim: error: privacy: 2 run(s) where a device spent past the protocol's own guarantee" in err
+    assert "rounds=2, repetition 0: max spend 2.0, guarantee 1.0 (and 1 more)" in err
+    _, rows = read_csv(out / "results.csv")
+    assert [(r["guarantee"], r["within_guarantee"]) for r in rows] == [("1.0", "false"), ("1.5", "false")]
+    assert main(args) == 1  # resumed: nothing left to run, the breach is still said
+    honest = ["sweep", "quickstart", "--grid", "rounds=2,3", "--repeat", "1", "--workers", "1", "--set",
+              table.replace("tests.support:UnderstatedKFlip", "kflip"), "--set", "population.devices=200",
+              "--out", str(tmp_path / "honest"), "--quiet"]
+    assert main(honest) == 0
+    _, rows = read_csv(tmp_path / "honest" / "results.csv")
+    assert {r["within_guarantee"] for r in rows} == {"true"}
 
 
 def test_a_study_resumed_with_another_set_on_every_point_is_refused(tmp_path):
