@@ -515,8 +515,16 @@ def audit(target: str, trials: int, rounds: int, seed: int | None = None, overri
     """Every game of ``target`` (a protocol name, scenario, or ``all``)."""
     targets = list(PROTOCOLS) if target == "all" else [target]
     rows: list[Row] = []
+    # --set protocol.* first: the protocol audited (its name in every row, its class, its epoch length) is the
+    # one the overrides make, not the target's own (a --set protocol.name=1bitmean on a 1BitRRPM scenario
+    # audited 1BitMean in rows labelled 1bitrrpm)
+    on_protocol = [o for o in overrides if o.split("=", 1)[0].strip().split(".", 1)[0].split("[", 1)[0] == "protocol"]
     for t in targets:
         table, default_seed = protocol_table(t)
+        if on_protocol:
+            table = schema.apply_overrides({"protocol": table}, on_protocol)["protocol"]
+            if not isinstance(table, dict) or not isinstance(table.get("name"), str):
+                raise ScenarioError("--set protocol: must leave a [protocol] table with a name")
         for game in games(rounds):
             if progress is not None:
                 progress(f"{table['name']}: {game.name} ({game.collections} round{'s' * (game.collections != 1)}, "

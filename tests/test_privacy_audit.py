@@ -20,7 +20,7 @@ from protocols.messages import CollectionRequest
 from protocols.onebit import MEMOIZED, NAIVE, OneBitDevices, OneBitParams
 from scenarios import privacy_audit as pa
 from scenarios.cli import main
-from scenarios.schema import PROTOCOLS
+from scenarios.schema import PROTOCOLS, load
 
 
 # ------------------------------------------------------------------------------------------- statistics
@@ -262,3 +262,17 @@ def test_the_default_folder_is_named_for_the_scenario_file(tmp_path, monkeypatch
     assert folder.name.startswith("privacy-audit-quickstart-") and ".toml" not in folder.name, folder.name
     assert (folder / "privacy_audit.json").is_file()
     assert f"wrote runs/{folder.name}/privacy_audit.json" in capsys.readouterr().out
+
+
+def test_a_set_protocol_name_audits_and_labels_that_protocol(tmp_path, capsys) -> None:
+    """`privacy-audit quickstart --set protocol.name=1bitmean` audited 1BitMean (its claims were 1BitMean's
+    fresh-report ones) in rows and files labelled 1bitrrpm, the scenario's own protocol."""
+    out = tmp_path / "pa"
+    assert main(["privacy-audit", "quickstart", "--set", "protocol.name=1bitmean", "--rounds", "2", "--trials",
+                 "200", "--json", "--out", str(out)]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert {r["protocol"] for r in rows} == {"1bitmean"}
+    two = next(r for r in rows if r["game"] == "light vs heavy")
+    fresh = load("quickstart", ["protocol.name=1bitmean"]).protocol
+    assert two["claimed"] == pytest.approx(2 * fresh.round_epsilon)  # fresh reports: two rounds, two charges
+    assert (out / "1bitmean.png").is_file() and not (out / "1bitrrpm.png").exists()
