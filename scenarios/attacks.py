@@ -66,9 +66,17 @@ _WHY_NOT = {
 }
 
 
+#: the transcript column each report family reads (a protocol declaring the family names its report column so)
+FAMILY_COLUMNS = {"onebit": "bit", "bitflip": "b", "value": "y"}
+
+
 def not_applicable(params: Any) -> str | None:
     """None when the attacks read this protocol's reports; otherwise why they do not."""
-    if family(params) is not None:
+    kind = family(params)
+    if kind is not None and kind not in FAMILY_COLUMNS:
+        return (f"{params.name} declares report_family {kind!r}: the attacks read "
+                f"{', '.join(repr(k) for k in FAMILY_COLUMNS)}")
+    if kind is not None:
         return None
     return _WHY_NOT.get(params.kind, f"{params.name} declares no report_family (onebit, bitflip or value) on its "
                                      "parameter class: the attacks do not know how to read its reports")
@@ -103,7 +111,7 @@ class ReportModel:
     @property
     def column(self) -> str:
         """The transcript column that holds the report."""
-        return {"onebit": "bit", "bitflip": "b", "value": "y"}[self.family]
+        return FAMILY_COLUMNS[self.family]
 
     @property
     def e(self) -> float:
@@ -567,12 +575,17 @@ def analyze(result: "RunResult") -> AttackReport:
     truth = result.true_values
     if why is None and (truth is None or stage is None):
         why = "this run kept no true values or no report transcript"
-    if why is None and truth is not None:
+    if why is None and truth is not None and stage is not None:
         rounds = np.arange(1, truth.shape[1] + 1)
         model = ReportModel.of(sc.protocol)
-        rep = decode(stage, model.column, rounds)
-        if np.any(rep.present & np.isnan(truth)):
-            why = "the true values of some rounds were not kept (a resumed run)"
+        names = [c.name for c in stage.columns]
+        if model.column not in names:  # a plugin's family, its report column named otherwise
+            why = (f"report_family {model.family!r} reads a report column named {model.column!r}, which this "
+                   f"protocol's report stage does not have (its columns: {', '.join(names) or 'none'})")
+        else:
+            rep = decode(stage, model.column, rounds)
+            if np.any(rep.present & np.isnan(truth)):
+                why = "the true values of some rounds were not kept (a resumed run)"
     if why is not None or truth is None:
         why = why or "this run kept no true values"
         return AttackReport({**head, "averaging": _not(why), "change_detection": _not(why), "patterns": _not(why)})

@@ -108,3 +108,14 @@ class PlainKFlip:
 
     def estimate_sd(self, values, reports):  # type: ignore[no-untyped-def]
         return self._inner.estimate_sd(values, reports)
+
+
+class MislabelledKFlip(KFlipParams):
+    """k-ary randomized response declaring the one-bit report family, whose report column (``bit``) it does not
+    have: the attack metrics must say so rather than fail the run. ``tests.support:MislabelledKFlip``."""
+
+    report_family = "onebit"
+
+    @classmethod
+    def from_table(cls, name, table, ctx):  # type: ignore[no-untyped-def]
+        return super().from_table("mislabelled", table, ctx)

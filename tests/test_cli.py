@@ -634,6 +634,19 @@ def test_a_protocol_whose_parameter_class_is_not_a_dataclass_runs(tmp_path, caps
     assert started["protocol"]["name"] == "plainkflip"
 
 
+def test_a_report_family_without_its_column_is_explained_not_a_crash(tmp_path, capsys):
+    """report_family = "onebit" on a protocol whose report column is not named ``bit``: the run finished, then
+    the attack metrics raised StopIteration and the run directory was deleted. Now the run is written and
+    summary.json's attacks say which column the family reads and which the protocol has."""
+    out = tmp_path / "r"
+    table = 'protocol={name = "tests.support:MislabelledKFlip", epsilon = 1.0, max_value = 86400, buckets = 8}'
+    assert main(["run", "quickstart", "--out", str(out), "--set", table, "--set", "population.devices=200",
+                 "--set", "rounds=2", "--quiet"]) == 0
+    why = json.loads((out / "summary.json").read_text())["attacks"]["averaging"]["why"]
+    assert why.startswith("report_family 'onebit' reads a report column named 'bit', which this protocol's report "
+                          "stage does not have (its columns: ")
+
+
 def test_a_protocol_class_that_names_itself_with_its_class_path_is_refused(tmp_path, capsys):
     """A module:Class protocol whose from_table keeps the name it was given ("tests.support:...") made a run in
     which every message was refused by the wire format and no device ever reported, with exit 0; now it is a
