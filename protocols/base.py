@@ -130,6 +130,10 @@ class CollectorSide(Protocol):
     def restore(self, state: dict[str, Any], /) -> None: ...
 
 
+#: what a protocol estimates (ProtocolParams.kind): the runtimes' outputs and plots follow it
+KINDS = ("mean", "histogram", "counters", "epoch", "stream")
+
+
 class ProtocolParams(Protocol):
     """A protocol's parameters double as its descriptor for the runtimes.
 

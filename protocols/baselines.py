@@ -46,7 +46,7 @@ class FreshDevices(OneReportDevices):
         self.guard = Guard(self.device_ids, limits)
 
     def report(self, round_: int, values: np.ndarray) -> dict[str, np.ndarray]:
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__}.report")
 
     def report_batch(self, round_: int, values: np.ndarray, rows: np.ndarray,
                      now: float) -> tuple[ReportBatch | None, list[Charge]]:

@@ -113,7 +113,7 @@ class ReportCollector:
 
     def estimate(self, reports: dict[str, np.ndarray]) -> Estimate:
         """The round's estimate from the reports that arrived: each column as (reports, width)."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__}.estimate")
 
     # -------------------------------------------------------------------------------- rounds
     def request(self, round_: int, deadline: float) -> CollectionRequest:

@@ -104,7 +104,7 @@ class GuardedDevices(GuardedSnapshot):
                now: float) -> tuple[ReportBatch | None, list[Charge]]:
         """The batch of the devices in mask ``here`` for an accepted ``msg``, and its charges (through the
         guard, which refuses what the budget cannot pay)."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__}.answer")
 
 
 class OneReportDevices(GuardedDevices):
@@ -118,7 +118,7 @@ class OneReportDevices(GuardedDevices):
                      now: float) -> tuple[ReportBatch | None, list[Charge]]:
         """The batch of the devices at ``rows`` (indices) for an accepted ``round_`` and its charges (through
         the guard, which refuses what the budget cannot pay)."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__}.report_batch")
 
 
 class OneEpochReportDevices(GuardedDevices):
@@ -137,13 +137,13 @@ class OneEpochReportDevices(GuardedDevices):
         self.guard = Guard(self.device_ids, limits)
 
     def init_state(self) -> None:
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__}.init_state")
 
     def state_snapshot(self) -> dict:
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__}.state_snapshot")
 
     def state_restore(self, state: dict) -> None:
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__}.state_restore")
 
     def snapshot(self) -> dict:
         """The guard and the epoch state (protocols.snapshot)."""

@@ -151,7 +151,7 @@ class ReferenceDevice:
 
     def round_epsilon(self) -> float:
         """The per-report loss (the families of report_charges define it)."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__}.round_epsilon")
 
     def __init__(self, params: Any, seed: int, device_id: int, limits: Any = None) -> None:
         self.params, self.seed, self.id = params, int(seed), int(device_id)
@@ -206,7 +206,7 @@ class ReferenceDevice:
 
     def on_message(self, msg: Any, day: int, value: Any, present: bool = True, now: float = 0.0
                    ) -> tuple[Report | None, list[Charge]]:
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__}.on_message")
 
 
 # ------------------------------------------------------------------------------------ 1BitMean, 1BitRRPM

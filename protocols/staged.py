@@ -98,15 +98,15 @@ class StagedCollector:
     def on_stage_closed(self, stage: str, result: RoundResult, deadline: float) -> tuple[str, Any]:
         """Stage ``stage`` closed with ``result`` (its reports by column): the next stage and the message that
         opens it, closing at ``deadline``. Called only where the graph has an ``advance`` from ``stage``."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__}.on_stage_closed")
 
     def finish(self, stage: str, result: RoundResult) -> RoundResult:
         """The round's result from its last stage's ``result``."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__}.finish")
 
     def boundary_message(self, stage: str, deadline: float) -> Any:
         """The message that opened ``stage`` (entered by advance), for a collector restored at that boundary."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__}.boundary_message")
 
     def check_batch(self, stage: str, batch: ReportBatch) -> None:
         """Protocol checks of a batch for ``stage`` beyond its columns (raise ProtocolError); none by default."""

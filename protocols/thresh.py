@@ -123,12 +123,12 @@ class VotingCaps:
     @property
     def _forced(self) -> int:
         """1 when a device's first vote is a forced yes (it then carries no data), else 0."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__}._forced")
 
     @property
     def guarantee_derivation(self) -> str:
         """The guarantee's formula with the run's numbers, in one line."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__}.guarantee_derivation")
 
     #: why no device would vote when the lowest threshold is >= 1 (the protocol's words, for :meth:`problems`)
     tau_too_high: ClassVar[str]
@@ -487,11 +487,11 @@ class VotingDevices(GuardedDevices):
         return self._vote(t, here, now)
 
     def _vote(self, t: int, rows: np.ndarray, now: float) -> tuple[ReportBatch, list[Charge]]:
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__}._vote")
 
     def _estimate(self, t: int, update: bool, rows: np.ndarray,
                   now: float) -> tuple[ReportBatch | None, list[Charge]]:
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__}._estimate")
 
 
 class ThreshDevices(EpochMeans, VotingDevices):
@@ -641,10 +641,10 @@ class VotingCollector(StagedCollector):
         return self.round
 
     def _kept_estimate(self) -> Any:
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__}._kept_estimate")
 
     def _restored_estimate(self, state: dict) -> Any:
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__}._restored_estimate")
 
     def extra_snapshot(self) -> dict:
         """The epoch, the carried-forward estimate and the last epoch's decision figures."""

@@ -730,6 +730,10 @@ def _command(args: argparse.Namespace) -> int:
     except BudgetOverrun as exc:  # a device side (a plugin's) that charged past the budget: stopped, not sent
         print(f"ldpsim: error: privacy: {exc}", file=sys.stderr)
         return 1
+    except NotImplementedError as exc:  # a plugin's device or collector side without a method it must define
+        print(f"ldpsim: error: protocol: {exc or 'a method'} is not implemented: a protocol's device or collector "
+              f"side must define it (README: Writing a protocol)", file=sys.stderr)
+        return 2
     except (NotADirectoryError, IsADirectoryError, FileExistsError, PermissionError, FileNotFoundError) as exc:
         # e.g. --out a/b where a is a file, or under /proc, or a folder it may not write: the path and the
         # reason, not a traceback

@@ -65,7 +65,8 @@ class WorkerError(RuntimeError):
 
 #: errors a worker's device side raises that the parent raises again as they are (the command's one-line
 #: report): a device side that charged past its budget, a scripted behavior that failed
-_RERAISED: dict[str, type[Exception]] = {"BudgetOverrun": BudgetOverrun, "BehaviorError": BehaviorError}
+_RERAISED: dict[str, type[Exception]] = {"BudgetOverrun": BudgetOverrun, "BehaviorError": BehaviorError,
+                                          "NotImplementedError": NotImplementedError}
 
 
 def available_cores() -> int:

@@ -26,7 +26,7 @@ from agents import behavior as behaviors
 from agents.world import Change, Dist, Group, split_shares
 from collector.network import NetworkParams
 from protocols import wire
-from protocols.base import ProtocolParams
+from protocols.base import KINDS, ProtocolParams
 from protocols.guard import Limits
 from protocols import registry
 from protocols.config import ConfigError, Context, Table
@@ -212,6 +212,13 @@ def _protocol(pt: Table, ctx: Context) -> ProtocolParams:
         raise ScenarioError(f"protocol.name: {name!r} made a parameter object named {wire_name!r}, which messages "
                             f"cannot carry (a lowercase letter or digit, then up to 63 of a-z 0-9 _ -): a "
                             f"module:Class protocol's from_table must return its short name, not the class path")
+    for attr in ("epsilon", "max_value", "kind", "round_epsilon"):  # what every runtime reads of it
+        if not hasattr(params, attr):
+            raise ScenarioError(f"protocol.name: {name!r} made a parameter object without {attr!r} (README: Writing "
+                                f"a protocol lists what a parameter class describes)")
+    if params.kind not in KINDS:
+        raise ScenarioError(f"protocol.name: {name!r} made a parameter object of kind {params.kind!r}, not one of "
+                            f"{', '.join(KINDS)}")
     pt.done()
     return params
 

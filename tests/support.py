@@ -119,3 +119,25 @@ class MislabelledKFlip(KFlipParams):
     @classmethod
     def from_table(cls, name, table, ctx):  # type: ignore[no-untyped-def]
         return super().from_table("mislabelled", table, ctx)
+
+
+class NoKindKFlip(PlainKFlip):
+    """PlainKFlip without ``kind`` (it is required): a one-line error at load. ``tests.support:NoKindKFlip``."""
+
+    kind = property(lambda self: (_ for _ in ()).throw(AttributeError("kind")))  # type: ignore[assignment]
+
+
+class NoEstimateKFlip(KFlipParams):
+    """k-ary randomized response whose collector side has no ``estimate``: a one-line error when a round closes.
+    ``tests.support:NoEstimateKFlip``."""
+
+    @classmethod
+    def from_table(cls, name, table, ctx):  # type: ignore[no-untyped-def]
+        return super().from_table("noestimate", table, ctx)
+
+    def make_collector(self, n_devices: int):  # type: ignore[no-untyped-def]
+        from protocols.collecting import ReportCollector
+
+        collector = super().make_collector(n_devices)
+        collector.estimate = functools.partial(ReportCollector.estimate, collector)  # the base class's: none
+        return collector

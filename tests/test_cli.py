@@ -647,6 +647,21 @@ def test_a_report_family_without_its_column_is_explained_not_a_crash(tmp_path, c
                           "stage does not have (its columns: ")
 
 
+@pytest.mark.parametrize("cls, needle, code", [
+    ("NoKindKFlip", "error: protocol.name: 'tests.support:NoKindKFlip' made a parameter object without 'kind'", 2),
+    ("NoEstimateKFlip", "error: protocol: KFlipCollector.estimate is not implemented: a protocol's device or "
+                        "collector side must define it", 2)])
+def test_a_plugin_missing_a_member_it_needs_is_one_line(tmp_path, capsys, cls, needle, code):
+    """A parameter class without kind (AttributeError) and a collector side without estimate (a SimPy traceback
+    ending in a bare NotImplementedError) each stopped with a traceback; now one line naming the member."""
+    table = f'protocol={{name = "tests.support:{cls}", epsilon = 1.0, max_value = 86400, buckets = 8}}'
+    assert main(["run", "quickstart", "--out", str(tmp_path / "r"), "--set", table, "--set",
+                 "population.devices=200", "--set", "rounds=2", "--quiet"]) == code
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if "error" in line]
+    assert "Traceback" not in err and len(errors) == 1 and needle in errors[0], err
+
+
 def test_a_protocol_class_that_names_itself_with_its_class_path_is_refused(tmp_path, capsys):
     """A module:Class protocol whose from_table keeps the name it was given ("tests.support:...") made a run in
     which every message was refused by the wire format and no device ever reported, with exit 0; now it is a
