@@ -143,11 +143,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     err, eps, pv = summary["error"], summary["epsilon"], summary["privacy"]
     print(f"mean |error| {_num(err['mean_abs'])}, max |error| {_num(err['max_abs'])} "
-          f"({metrics.error_of(scenario.protocol)}{_missing_rounds(err, scenario)}); per-device spend: "
+          f"({metrics.error_of(scenario.protocol)}{_missing_rounds(err, scenario)}); per-device spend (epsilon): "
           f"max {_num(eps['max'])}, mean {_num(eps['mean'])}, p99 {_num(eps['p99'])} "
           f"(guarantee {_num(pv['guarantee'])}{_within_pattern(pv)}); messages rejected "
           f"{summary['messages']['rejected']}; "
-          f"{summary['wall_seconds']:.2f} s", file=sys.stderr if args.json else sys.stdout)
+          f"simulated in {summary['wall_seconds']:.2f} s", file=sys.stderr if args.json else sys.stdout)
     if args.json:  # stdout holds summary.json alone, for a pipe into a JSON reader
         print(jsonout.dumps(summary, indent=2))
     return _privacy_verdict(pv)
@@ -312,8 +312,11 @@ def cmd_live(args: argparse.Namespace) -> int:
         close()
     _print_drops(result)
     summary = output.write_run_dir(result, out, ledger_rows=not args.no_ledger_rows)
-    print(f"live run over {args.connections} connection(s): mean |error| {_num(summary['error']['mean_abs'])}; "
-          f"digests {summary['digests']['transcript'][:12]}...; {summary['wall_seconds']:.2f} s -> {out}")
+    err, pv = summary["error"], summary["privacy"]
+    print(f"live run over {args.connections} connection(s): mean |error| {_num(err['mean_abs'])}, max |error| "
+          f"{_num(err['max_abs'])}; per-device spend (epsilon): max {_num(pv.get('max_spend'))} (guarantee "
+          f"{_num(pv['guarantee'])}{_within_pattern(pv)}); transcript digest "
+          f"{summary['digests']['transcript'][:12]}...; run in {summary['wall_seconds']:.2f} s -> {out}")
     return _privacy_verdict(summary["privacy"])
 
 

@@ -492,7 +492,11 @@ def resolve_path(spec: str) -> Path:
     for candidate in (SHIPPED / spec, SHIPPED / f"{spec}.toml"):
         if candidate.is_file():
             return candidate
-    raise ScenarioError(f"scenario {spec!r}: no such file (nor a shipped scenario of that name)")
+    import difflib
+
+    close = difflib.get_close_matches(spec, sorted(q.stem for q in SHIPPED.glob("*.toml")), n=1, cutoff=0.75)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise ScenarioError(f"scenario {spec!r}: no such file (nor a shipped scenario of that name){hint}")
 
 
 def read(spec: str) -> tuple[Path, dict[str, Any]]:

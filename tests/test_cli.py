@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import math
 import os
 import subprocess
@@ -50,6 +51,17 @@ def test_run_exits_zero_and_writes_every_file(quickstart_run):
         assert (out / name).stat().st_size > 0, name
     for name in ("estimates.png", "spend.png"):
         assert (out / name).read_bytes()[:8] == PNG_MAGIC, name
+
+
+def test_the_one_line_report_names_its_units_and_a_misspelt_scenario_gets_a_suggestion(tmp_path, capsys):
+    """A new user's reading: the spend figures are epsilon and the trailing seconds are the simulation's (the
+    process takes longer); `ldpsim run quikstart` suggests the shipped quickstart."""
+    assert main(["run", "quickstart", "--out", str(tmp_path / "r"), "--quiet", *SMALL, "--set", "rounds=8"]) == 0
+    line = capsys.readouterr().out.strip()
+    assert "; per-device spend (epsilon): max " in line and re.search(r"; simulated in \d+\.\d\d s$", line), line
+    assert main(["run", "quikstart", "--out", str(tmp_path / "q"), "--quiet"]) == 2
+    assert capsys.readouterr().err.strip().endswith("no such file (nor a shipped scenario of that name); did you "
+                                                    "mean 'quickstart'?")
 
 
 def test_summary_keys(quickstart_run):
