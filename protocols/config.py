@@ -91,7 +91,10 @@ class Table:
 
     def _unknown_near(self, key: str) -> None:
         """A required key is missing: a misspelled key given instead is the real error, so name it."""
-        close = difflib.get_close_matches(key, sorted(set(self.data) - self.used), n=1, cutoff=0.75)
+        unread = sorted(set(self.data) - self.used)
+        close = difflib.get_close_matches(key, unread, n=1, cutoff=0.75)
+        if not close and len(key) >= 2:  # a short key lengthened (sd -> sdev) is too far for the ratio
+            close = [k for k in unread if k.startswith(key)][:1]
         if close:
             raise self.fail(close[0], f"unknown key (did you mean {key}?)")
 

@@ -55,6 +55,16 @@ def test_a_misspelled_required_key_is_named_with_a_suggestion(table: str, key: s
         schema.parse(data)
 
 
+def test_a_short_required_key_lengthened_is_named_with_a_suggestion() -> None:
+    """``sdev`` for ``sd``: too far apart for the similarity ratio, it was reported as "counter.sd: required"."""
+    _, data = schema.read("quickstart")
+    counter = data["population"]["groups"][0]["counter"]
+    counter["sdev"] = counter.pop("sd")
+    with pytest.raises(schema.ScenarioError,
+                       match=r"^population\.groups\[0\]\.counter\.sdev: unknown key \(did you mean sd\?\)"):
+        schema.parse(data)
+
+
 def test_a_misspelled_optional_key_is_named_with_a_suggestion() -> None:
     with pytest.raises(schema.ScenarioError, match=r"protocol\.gama: unknown key \(did you mean gamma\?\)"):
         schema.load("quickstart", ["protocol.gama=0.1"])
