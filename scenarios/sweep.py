@@ -745,15 +745,16 @@ def execute(sweep: Sweep, out: Path, force: bool = False, quiet: bool = False,
         bar.close()
         if failed_file is not None:
             failed_file.close()
-    plots = rebuild(sweep, out)
-    return Outcome(len(points) * sweep.repeat, len(done), finished, failed, plots, breaches(sweep, out))
+    records = load_records(sweep, out)  # every invocation's runs, read once for the tables and the verdicts
+    plots = rebuild(sweep, out, records)
+    return Outcome(len(points) * sweep.repeat, len(done), finished, failed, plots, breaches(records))
 
 
-def breaches(sweep: Sweep, out: Path) -> list[str]:
+def breaches(records: dict[tuple[int, int], dict[str, Any]]) -> list[str]:
     """Each recorded run whose devices spent past the protocol's own guarantee or the budget (summary.json
     ``within_guarantee`` / ``within_budget`` false), as "point ..., repetition r: max spend X, guarantee G"."""
     found = []
-    for (_, rep), rec in sorted(load_records(sweep, out).items()):
+    for (_, rep), rec in sorted(records.items()):
         pv = rec["summary"].get("privacy", {})
         if pv.get("within_guarantee") is False or pv.get("within_budget") is False:
             point = ", ".join(f"{k}={_cell(v)}" for k, v in rec["point"].items())
@@ -986,9 +987,10 @@ def plot_figures(sweep: Sweep, header: list[str], rows: list[dict[str, Any]], ou
     return written
 
 
-def rebuild(sweep: Sweep, out: Path) -> list[Path]:
-    """results.csv, results.parquet and the plots from runs.jsonl; stale error_*.png files are removed."""
-    records = load_records(sweep, out)
+def rebuild(sweep: Sweep, out: Path, records: dict[tuple[int, int], dict[str, Any]] | None = None) -> list[Path]:
+    """results.csv, results.parquet and the plots from runs.jsonl (``records``: as load_records read it);
+    stale error_*.png files are removed."""
+    records = load_records(sweep, out) if records is None else records
     header, rows = tidy(sweep, records)
     write_results(out / "results.csv", header, rows)
     write_parquet(out / "results.parquet", sweep, header, rows, [records[key]["point"] for key in sorted(records)])

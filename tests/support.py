@@ -124,7 +124,9 @@ class MislabelledKFlip(KFlipParams):
 class NoKindKFlip(PlainKFlip):
     """PlainKFlip without ``kind`` (it is required): a one-line error at load. ``tests.support:NoKindKFlip``."""
 
-    kind = property(lambda self: (_ for _ in ()).throw(AttributeError("kind")))  # type: ignore[assignment]
+    @property  # type: ignore[override]
+    def kind(self) -> str:
+        raise AttributeError("kind")
 
 
 class NoEstimateKFlip(KFlipParams):

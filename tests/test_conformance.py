@@ -29,26 +29,33 @@ def test_builtin_protocol_conforms(scenario, check: str) -> None:
         testing.CHECKS[check](scenario)
 
 
-def test_a_broken_protocol_fails_the_kit() -> None:
-    """The kit can fail: a protocol whose devices draw from an unkeyed generator depends on the cohort split."""
+def _kflip_with_devices(devices: type, rounds: int):  # type: ignore[no-untyped-def]
+    """The kit's k-ary randomized response scenario (60 devices) with ``devices`` as its device side."""
     import dataclasses
 
+    from protocols.baselines import KFlipParams
+
+    @dataclasses.dataclass(frozen=True)
+    class Params(KFlipParams):
+        def make_devices(self, seed, device_ids, limits=None):
+            return devices(self, seed, device_ids, limits)
+
+    sc = testing.scenario_for(TABLES["kflip"], devices=60, rounds=rounds)
+    return dataclasses.replace(sc, protocol=Params(**dataclasses.asdict(sc.protocol)))
+
+
+def test_a_broken_protocol_fails_the_kit() -> None:
+    """The kit can fail: a protocol whose devices draw from an unkeyed generator depends on the cohort split."""
     import numpy as np
 
-    from protocols.baselines import KFlipDevices, KFlipParams
+    from protocols.baselines import KFlipDevices
 
     class Unkeyed(KFlipDevices):
         def report(self, round_, values):
             rng = np.random.default_rng(int(self.device_ids[0]) + round_)  # depends on the cohort's first id
             return {"y": rng.integers(0, self.params.buckets, self.device_ids.size).astype(np.uint8)}
 
-    @dataclasses.dataclass(frozen=True)
-    class UnkeyedParams(KFlipParams):
-        def make_devices(self, seed, device_ids, limits=None):
-            return Unkeyed(self, seed, device_ids, limits)
-
-    sc = testing.scenario_for(TABLES["kflip"], devices=60, rounds=2)
-    sc = dataclasses.replace(sc, protocol=UnkeyedParams(**dataclasses.asdict(sc.protocol)))
+    sc = _kflip_with_devices(Unkeyed, rounds=2)
     with pytest.raises(testing.ConformanceError, match="cohort split"):
         testing.check_cohort_split(sc)
 
@@ -60,7 +67,7 @@ def test_a_protocol_that_charges_past_the_budget_fails_the_kit() -> None:
 
     import numpy as np
 
-    from protocols.baselines import KFlipDevices, KFlipParams
+    from protocols.baselines import KFlipDevices
     from protocols.guard import BudgetOverrun
 
     class Careless(KFlipDevices):
@@ -68,13 +75,7 @@ def test_a_protocol_that_charges_past_the_budget_fails_the_kit() -> None:
             super().__init__(*args, **kwargs)
             self.guard.affordable = lambda cost, rows=None: np.ones(np.asarray(rows).shape, dtype=bool)
 
-    @dataclasses.dataclass(frozen=True)
-    class CarelessParams(KFlipParams):
-        def make_devices(self, seed, device_ids, limits=None):
-            return Careless(self, seed, device_ids, limits)
-
-    sc = testing.scenario_for(TABLES["kflip"], devices=60, rounds=4)
-    sc = dataclasses.replace(sc, protocol=CarelessParams(**dataclasses.asdict(sc.protocol)))
+    sc = _kflip_with_devices(Careless, rounds=4)
     with pytest.raises(testing.ConformanceError, match="budget.*must ask Guard.affordable"):
         testing.check_hostile(sc)
     from scenarios import runner
