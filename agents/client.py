@@ -95,6 +95,7 @@ class DeviceClient:
         self.day = 0
         self.done = False
         self.connections = 0  # how many times it connected (reconnects = connections - 1)
+        self.rejected = 0  # collector frames these devices could not decode (ignored; the connection kept)
         self.writer: asyncio.StreamWriter | None = None
         self._heard = False  # whether the collector sent anything on the current connection
 
@@ -207,6 +208,7 @@ class DeviceClient:
                 try:
                     msg = wire.decode(raw)
                 except wire.WireError:
+                    self.rejected += 1
                     continue
                 if await self._on_message(msg, writer):
                     return
@@ -223,6 +225,7 @@ class DeviceClient:
                 try:
                     msg = wire.decode(raw)
                 except wire.WireError:
+                    self.rejected += 1
                     continue
                 if nonce is None and isinstance(msg, Challenge):
                     nonce = msg.nonce

@@ -432,10 +432,11 @@ def cmd_devices(args: argparse.Namespace) -> int:
           f"connecting to {args.connect} over {args.connections} connection(s) (giving up after "
           f"{GIVE_UP_AFTER:g} s without a collector there)", file=sys.stderr, flush=True)
     try:
-        ledger = asyncio.run(live.devices(scenario, host, int(port), int(index) - 1, int(count), args.connections,
-                                          _secret(args), _client_tls(args), args.out, args.resume))
+        outcome = asyncio.run(live.devices(scenario, host, int(port), int(index) - 1, int(count), args.connections,
+                                           _secret(args), _client_tls(args), args.out, args.resume))
     except (ConnectionError, CollectorRefused) as exc:  # no collector there for the clients' whole patience,
         raise ScenarioError(str(exc)) from None  # or one that will not serve these devices
+    ledger = outcome.ledger
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
@@ -445,7 +446,10 @@ def cmd_devices(args: argparse.Namespace) -> int:
         tables.write_ledger(path, ledger.rows())
         print(f"shard {index}/{count}: ledger -> {path} (ldpsim audit RUN_DIR --ledger {path} ...)", file=sys.stderr)
     spent = ledger.spend[ledger.spend > 0]
-    print(f"shard {index}/{count}: done; per-device spend max {spent.max() if spent.size else 0:.4g}")
+    guards = outcome.guards
+    print(f"shard {index}/{count}: done; per-device spend (epsilon) max {spent.max() if spent.size else 0:.4g}; "
+          f"reports refused for the budget {guards['refusals']:,}, collector messages ignored "
+          f"{guards['ignored']:,} (per device), undecodable collector frames {outcome.rejected:,}")
     return 0
 
 

@@ -187,18 +187,21 @@ async def run_embedded(sc: Scenario, connections: int = 2, events: TextIO | None
         for task in tasks:
             task.cancel()
         await server.close()
-    result = live_result(sc, server, book, ledger, time.perf_counter() - t0)
+    result = live_result(sc, server, book, ledger, time.perf_counter() - t0, sum(c.rejected for c in clients))
     result.guards = guard_counts([cohort for c in clients for cohort in c.cohorts])
     return result
 
 
-def live_result(sc: Scenario, server: LiveCollector, book: RoundBook, ledger: Ledger, wall: float) -> RunResult:
+def live_result(sc: Scenario, server: LiveCollector, book: RoundBook, ledger: Ledger, wall: float,
+                device_rejected: int | None) -> RunResult:
+    """``device_rejected``: the collector frames the device clients could not decode (None where they run in
+    other processes, ``ldpsim serve``: each `ldpsim devices` prints its own)."""
     network = _Network()  # its report counts stay 0 and unused: summary.json says they are unknown here
     network.traffic.messages_sent = server.frames_sent + server.stats.received  # both directions
     network.traffic.messages_delivered = network.traffic.messages_sent
     live = {**server.live_summary(), "network_not_applied": ignored_network(sc)}
     return RunResult(sc, book.records, ledger, book.world, server, network, server.protocol.transcript_digest(),
-                     wall, 0, extra={"dropped_connections": server.dropped, "runtime": "live", "live": live},
+                     wall, device_rejected, extra={"dropped_connections": server.dropped, "runtime": "live", "live": live},
                      true_values=book.true_values)
 
 
@@ -232,7 +235,7 @@ async def serve(sc: Scenario, host: str, port: int, events: TextIO | None = None
         await server.wait_for_clients_to_leave()
     finally:
         await server.close()
-    result = live_result(sc, server, book, ledger, time.perf_counter() - t0)
+    result = live_result(sc, server, book, ledger, time.perf_counter() - t0, None)
     result.extra["ledger"] = "device shards"  # each `ldpsim devices` process keeps its devices' ledger
     return result
 
@@ -246,10 +249,22 @@ async def listen(server: LiveCollector, host: str, port: int) -> int:
         raise ScenarioError(f"cannot listen on {host}:{port}: {getattr(exc, 'strerror', None) or exc}") from None
 
 
+@dataclass
+class ShardOutcome:
+    """What a device shard (`ldpsim devices`) knows at the end: its devices' ledger, the collector frames they
+    could not decode, and their guards' counts (reports refused for the budget, collector messages ignored,
+    once per device)."""
+
+    ledger: Ledger
+    rejected: int
+    guards: dict[str, int]
+
+
 async def devices(sc: Scenario, host: str, port: int, index: int, count: int, connections: int = 1,
                   secret: bytes | None = None, tls: ssl.SSLContext | None = None, state_dir: Any = None,
-                  require_state: bool = False) -> Ledger:
-    """Device clients for shard ``index`` of ``count``, over ``connections`` connections; returns their ledger.
+                  require_state: bool = False) -> ShardOutcome:
+    """Device clients for shard ``index`` of ``count``, over ``connections`` connections; returns their ledger
+    and counts.
     ``state_dir``: save the devices' state there after every answer, and start from it when it is there
     (scenarios/journal.py; ``require_state``: it must be)."""
     ledger = Ledger(sc.devices)
@@ -265,4 +280,5 @@ async def devices(sc: Scenario, host: str, port: int, index: int, count: int, co
     await asyncio.gather(*(c.run() for c in clients))
     if store is not None:
         store.save(done=True)
-    return ledger
+    return ShardOutcome(ledger, sum(c.rejected for c in clients),
+                        guard_counts([cohort for c in clients for cohort in c.cohorts]))

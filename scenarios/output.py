@@ -257,7 +257,10 @@ def summary(result: RunResult) -> dict:
         "privacy": privacy_summary(result),
         "messages": {"sent": traffic.messages_sent, "delivered": traffic.messages_delivered,
                      "rejected": stats.rejected, "late": stats.late,
-                     "rejected_by_devices": result.device_rejected},
+                     "rejected_by_devices": result.device_rejected,
+                     **({} if result.device_rejected is not None else
+                        {"unknown": "rejected_by_devices: the devices run in other processes (ldpsim devices), "
+                                    "each of which prints its own count"})},
         "reports": _report_counts(result),
         "clipped_values": int(sum(r.clipped for r in recs)),
         **protocol_summary(result),

@@ -69,7 +69,7 @@ class RunResult:
     network: RunNetwork
     transcript_digest: str
     wall_seconds: float
-    device_rejected: int
+    device_rejected: int | None  # collector messages the devices could not decode (None: not known here)
     guards: dict[str, int] = field(default_factory=dict)  # device-side counters: refusals, ignored
     extra: dict[str, Any] = field(default_factory=dict)
     #: [analysis] attacks: every device's true value in collection round t at column t - 1 ((devices, rounds)

@@ -67,7 +67,7 @@ async def test_hostile_clients_are_dropped_and_honest_reports_land() -> None:
     await asyncio.wait_for(asyncio.gather(*tasks), 10)
     await server.close()
     assert server.dropped == 4
-    got = output.summary(live.live_result(sc, server, book, ledger, 0.0))
+    got = output.summary(live.live_result(sc, server, book, ledger, 0.0, sum(c.rejected for c in clients)))
     assert got["digests"] == sim["digests"]
 
 
@@ -178,27 +178,29 @@ def test_serve_with_devices_missing_warns_and_records_it_and_with_none_exits_2(t
 
     sets = ["--set", "population.devices=200", "--set", "rounds=3", "--set", "network.loss=0"]
     cmd = [sys.executable, "-m", "scenarios.cli"]
-    server = subprocess.Popen(cmd + ["serve", "quickstart", "--port", "0", "--startup-timeout", "3", "--quiet",
+    server = subprocess.Popen(cmd + ["serve", "quickstart", "--port", "0", "--startup-timeout", "6", "--quiet",
                                      "--out", str(tmp_path / "srv")] + sets,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     serving = server.stderr.readline().decode()
     port = int(serving.split("127.0.0.1:")[1].split(";")[0])
-    # devices of another scenario (--set differs) are refused with the reason and exit 2 at once
-    other = subprocess.run(cmd + ["devices", "quickstart", "--connect", f"127.0.0.1:{port}", "--shard", "2/2",
-                                  "--set", "protocol.epsilon=2"] + sets, capture_output=True, text=True, timeout=30)
-    assert other.returncode == 2 and other.stderr.strip().splitlines()[-1] == (
-        f"ldpsim: error: the collector at 127.0.0.1:{port} refused the devices: the devices run another scenario "
-        "than this collector (its file or --set options differ)"), other.stderr
+    # shard 1 first: it must be in within the startup timeout however slowly its interpreter starts
     shard = subprocess.Popen(cmd + ["devices", "quickstart", "--connect", f"127.0.0.1:{port}", "--shard", "1/2"]
                              + sets, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
+        # devices of another scenario (--set differs) are refused with the reason and exit 2 at once
+        other = subprocess.run(cmd + ["devices", "quickstart", "--connect", f"127.0.0.1:{port}", "--shard", "2/2",
+                                      "--set", "protocol.epsilon=2"] + sets, capture_output=True, text=True,
+                               timeout=30)
+        assert other.returncode == 2 and other.stderr.strip().splitlines()[-1] == (
+            f"ldpsim: error: the collector at 127.0.0.1:{port} refused the devices: the devices run another "
+            "scenario than this collector (its file or --set options differ)"), other.stderr
         for p in (shard, server):
             assert p.wait(timeout=60) == 0, p.stderr.read().decode()[-2000:]
     finally:
         for p in (shard, server):
             p.kill()
     err = server.stderr.read().decode()
-    assert "ldpsim: warning: 100 of 200 devices connected within 3 s; the rounds run without the other 100" in err
+    assert "ldpsim: warning: 100 of 200 devices connected within 6 s; the rounds run without the other 100" in err
     assert "served 3 rounds with 100 of 200 devices" in server.stdout.read().decode()
     got = json.loads((tmp_path / "srv" / "summary.json").read_text())
     assert got["live"]["devices_at_start"] == 100 and got["reports"]["accepted"] == 300
@@ -269,6 +271,7 @@ def test_serve_and_device_shards_in_separate_processes(tmp_path) -> None:
     finally:
         for p in [*shards, server]:
             p.kill()
+    shards_out = [p.stdout.read().decode() for p in shards]
     for i, p in enumerate(shards, 1):  # each device process says what it hosts and where it connects
         first = p.stderr.read().decode().splitlines()[0]
         assert first.startswith(f"ldpsim: shard {i}/2: 300 devices connecting to 127.0.0.1:{port} over 3 "
@@ -294,6 +297,10 @@ def test_serve_and_device_shards_in_separate_processes(tmp_path) -> None:
     # what the devices sent is theirs to know: the collector's counts say so instead of showing a number
     assert got["reports"]["sent"] is got["reports"]["lost"] is got["reports"]["delivered"] is None
     assert got["reports"]["accepted"] == sim["reports"]["accepted"] and "unknown" in got["reports"]
+    assert got["messages"]["rejected_by_devices"] is None and "ldpsim devices" in got["messages"]["unknown"]
+    for i, p in enumerate(shards_out, 1):  # ... and each device process prints its own view of the collector
+        assert f"shard {i}/2: done; per-device spend (epsilon) max " in p and "reports refused for the budget 0, " \
+            "collector messages ignored 0 (per device), undecodable collector frames 0" in p, p
     assert not (tmp_path / "srv" / "spend.png").exists()
     assert not list((tmp_path / "srv").glob("spend*")) and not list((tmp_path / "srv").glob("ledger*"))
 

@@ -89,7 +89,8 @@ class Harness:
             for task in self.tasks:
                 task.cancel()
             await self.server.close()
-        return output.summary(live.live_result(self.sc, self.server, self.book, self.ledger, 0.0))
+        return output.summary(live.live_result(self.sc, self.server, self.book, self.ledger, 0.0,
+                                                        sum(c.rejected for c in self.clients)))
 
     def log(self) -> list[dict]:
         return [json.loads(line) for line in self.events.getvalue().splitlines() if line.strip()]
@@ -751,3 +752,31 @@ async def test_a_collector_sending_an_oversized_frame_is_left_and_tried_again() 
     with pytest.raises(ConnectionError, match="no collector at"):
         await asyncio.wait_for(task, 10)
     assert client.connections >= 3 and not ledger.spend.any()
+
+
+@pytest.mark.asyncio
+async def test_a_client_counts_the_collector_frames_it_cannot_decode() -> None:
+    """Frames a device client cannot decode are skipped and counted (summary.json
+    ``messages.rejected_by_devices`` of a live run; `ldpsim devices` prints them), never silently dropped: a
+    collector sends two such frames, then a proper End, and the client finishes with 2 counted."""
+    from protocols.messages import End
+
+    sc = scenario()
+
+    async def junk_then_end(reader, writer):
+        await reader.read(1 << 16)  # the Hello
+        writer.write(frame(b"\xc1 not msgpack") + frame(msgpack.packb({"type": "no such message"})))
+        writer.write(frame(wire.encode(End(round=1, protocol=sc.protocol.name))))
+        await writer.drain()
+        await asyncio.sleep(1)
+        writer.close()
+
+    server = await asyncio.start_server(junk_then_end, HOST, 0)
+    port = server.sockets[0].getsockname()[1]
+    client = live.build_client(sc, live.shard(sc.devices, 0, 1), Ledger(sc.devices), HOST, port)
+    try:
+        await asyncio.wait_for(client.run(), 10)
+    finally:
+        server.close()
+    assert client.done and client.rejected == 2
+
