@@ -12,7 +12,7 @@ Formulas: docs/algorithms.md sections 1.1 and 2.1-2.4.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numba as nb
@@ -123,6 +123,8 @@ class OneBitParams:
     max_value: float
     granularity: float | None = None
     gamma: float = 0.0
+    #: what the table held that this protocol does not use (the scenario prints each as a warning)
+    warnings: list[str] = field(default_factory=list, compare=False, repr=False)
 
     #: ``ldpsim protocols``' line for each name this class runs
     summaries = {"1bitmean": "1BitMean (Ding, Kulkarni, Yekhanin, NIPS 2017): mean estimation, one bit per device and "
@@ -139,7 +141,14 @@ class OneBitParams:
         """[protocol] keys: epsilon, max_value, granularity (1bitrrpm; it must divide max_value), gamma."""
         epsilon = config.epsilon(table)
         max_value = config.max_value(table)
-        gran = table.get("granularity", float, None if name == NAIVE else ..., check=config.positive, what="> 0")
+        notes = []
+        if name == NAIVE and "granularity" in table.data:  # e.g. a 1bitrrpm scenario run with --set protocol.name
+            table.get("granularity", (int, float))
+            notes.append(f"granularity is not used by {NAIVE} (it does not round; 1bitrrpm does), so it is ignored")
+            gran = None
+        else:
+            gran = table.get("granularity", float, None if name == NAIVE else ..., check=config.positive,
+                             what="> 0")
         if gran is not None:
             k = max_value / gran
             if gran > max_value or abs(k - round(k)) > 1e-9 * k:
@@ -147,7 +156,7 @@ class OneBitParams:
             if k > MAX_STEPS:
                 raise table.fail("granularity", f"{gran:g} cuts protocol.max_value {max_value:g} into {k:.3g} steps, "
                                                 f"more than {MAX_STEPS:,} (the memo inputs' range)")
-        return cls(name, epsilon, max_value, gran, table.get("gamma", float, 0.0, **config.GAMMA))
+        return cls(name, epsilon, max_value, gran, table.get("gamma", float, 0.0, **config.GAMMA), notes)
 
     def __post_init__(self) -> None:
         if self.name not in (NAIVE, MEMOIZED):

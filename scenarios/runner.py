@@ -107,8 +107,11 @@ def protocol_parameters(params: ProtocolParams) -> dict[str, Any]:
     """A protocol's parameters by name (the run_started event, summary.json ``parameters``): a dataclass's
     fields, else the public attributes of the instance (a plugin's parameter class need not be a dataclass)."""
     if dataclasses.is_dataclass(params) and not isinstance(params, type):
-        return dataclasses.asdict(params)
-    return {k: v for k, v in getattr(params, "__dict__", {}).items() if not k.startswith("_")}
+        named = dataclasses.asdict(params)
+    else:
+        named = {k: v for k, v in getattr(params, "__dict__", {}).items() if not k.startswith("_")}
+    named.pop("warnings", None)  # what the table held that did not apply: the scenario's warnings, printed
+    return named
 
 
 def cohort_slices(n: int, size: int) -> list[tuple[int, int]]:

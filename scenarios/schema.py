@@ -8,6 +8,7 @@ types and inconsistent values are errors; nothing is silently ignored.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import gzip
 import io
 import json
@@ -219,6 +220,12 @@ def _protocol(pt: Table, ctx: Context) -> ProtocolParams:
     if params.kind not in KINDS:
         raise ScenarioError(f"protocol.name: {name!r} made a parameter object of kind {params.kind!r}, not one of "
                             f"{', '.join(KINDS)}")
+    unread = sorted(set(pt.data) - pt.used)
+    if unread and not difflib.get_close_matches(unread[0], sorted(pt.used), n=1, cutoff=0.75):
+        # not a misspelling (done() names those): most often another protocol's key left by --set protocol.name
+        raise ScenarioError(f"protocol.{unread[0]}: unknown key for {name} (it reads {', '.join(sorted(pt.used))}); "
+                            f"to switch a scenario's protocol from the command line, set the table whole: "
+                            f"--set 'protocol = {{name = \"{name}\", epsilon = 1, ...}}'")
     pt.done()
     return params
 

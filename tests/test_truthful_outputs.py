@@ -122,3 +122,28 @@ def test_strict_documents_name_each_null_that_stands_for_a_non_finite_figure() -
     rows = json.loads(jsonout.write_document([{"x": math.inf}, {"x": 2.0}]), parse_constant=_strict)
     assert rows == [{"x": None, "non_finite": {"values": {"x": "inf"}, "meaning": jsonout.MEANING}}, {"x": 2.0}]
     assert "non_finite" not in jsonout.document({"x": 1.0})
+
+
+def test_another_protocols_key_left_by_a_protocol_switch_says_how_to_switch() -> None:
+    """app_usage_31d is a 1bitrrpm scenario: --set protocol.name=dbitflippm leaves its granularity behind,
+    which is no misspelling; the error says which keys dbitflippm reads and how to replace the table whole,
+    and the table set whole runs."""
+    switch = ["protocol.name=dbitflippm", "protocol.buckets=24", "protocol.bits=1", "population.devices=500"]
+    with pytest.raises(schema.ScenarioError, match=r"^protocol\.granularity: unknown key for dbitflippm \(it reads "
+                                                   r"bits, buckets, epsilon, gamma, max_value, name\); to switch .*"
+                                                   r"--set 'protocol = \{name = \"dbitflippm\""):
+        schema.load("app_usage_31d", switch)
+    whole = schema.load("app_usage_31d", ['protocol={name="dbitflippm", epsilon=1, max_value=86400, buckets=24, '
+                                          'bits=1}', "population.devices=500"])
+    assert whole.protocol.name == "dbitflippm" and whole.protocol.buckets == 24
+
+
+def test_1bitmean_ignores_a_granularity_out_loud_and_does_not_state_it() -> None:
+    """README's `ldpsim run app_usage_31d --set protocol.name=1bitmean`: 1BitMean does not round, so the
+    scenario's granularity is named in a warning and summary.json's parameters say None, not 3600."""
+    sc = schema.load("app_usage_31d", ["protocol.name=1bitmean", "population.devices=300", "rounds=2"])
+    assert sc.protocol.granularity is None
+    assert any(w.startswith("protocol: granularity is not used by 1bitmean") for w in sc.warnings)
+    params = output.summary(runner.run(sc))["parameters"]
+    assert params["granularity"] is None and "warnings" not in params
+    assert not schema.load("app_usage_31d", ["population.devices=300"]).warnings  # 1bitrrpm rounds by it
