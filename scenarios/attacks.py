@@ -796,6 +796,7 @@ def draw(report: AttackReport, path: Path) -> None:
         au.axhline(0.5, color="grey", lw=0.8, ls=":")
         au.set_ylim(0.4, 1.01)
         au.set_xlabel("rounds of reports averaged, t")
+        au.xaxis.set_major_locator(MaxNLocator(integer=True))  # whole rounds
         au.set_ylabel("AUC, heavy vs light (above vs below median)")
     else:
         _say(rm, f"averaging attack: not applicable: {s.get('averaging', {}).get('why', s.get('why'))}")
@@ -810,6 +811,7 @@ def draw(report: AttackReport, path: Path) -> None:
             _say(ch, "no changed device was detected")
         ch.axvline(0, color="grey", lw=0.8, ls=":")
         ch.set_xlabel("located round − true change round (rounds)")
+        ch.xaxis.set_major_locator(MaxNLocator(integer=True))  # whole rounds
         ch.set_ylabel("share of detected changed devices")
         bound = cd["bound"]
         ch.set_title(f"Change detection, γ = {cd['gamma']:g}: AUC {cd['auc']:.3f}, TPR {cd['tpr']:.3f}, "
@@ -833,6 +835,7 @@ def draw(report: AttackReport, path: Path) -> None:
         al.plot(pt["rounds"], pt["alone"], "o-", ms=3, color="tab:brown")
         al.set_ylim(0, 1.02)
         al.set_xlabel("rounds, t")
+        al.xaxis.set_major_locator(MaxNLocator(integer=True))  # whole rounds
         al.set_ylabel("share of devices alone in their pattern\n(of rounds 1..t)")
     else:
         why = s.get("patterns", {}).get("why", s.get("why"))

@@ -99,7 +99,7 @@ def _plot(path: Path, epochs, truth, results, sc: Scenario) -> None:
         hist = results[k].ledger.history
         bottom.plot(epochs, [h["max"] for h in hist], color=color, lw=1.5, label=f"{k}: max")
         bottom.plot(epochs, [h["mean"] for h in hist], color=color, lw=1, ls="--", label=f"{k}: mean")
-    bottom.set_xlabel("epoch")
+    plots.count_axis(bottom, "epoch")
     bottom.set_ylabel("cumulative ε per device")
     bottom.legend(fontsize=8)
     fig.tight_layout()
@@ -195,7 +195,7 @@ def _plot_items(path: Path, epochs, truth, ests: dict, results, sc: Scenario, wi
     mid.set_ylabel("max item error\n(share of devices)")
     mid.legend(fontsize=8)
     hours = sc.simulation.round_seconds / 3600
-    bottom.set_xlabel(f"epoch ({length} rounds of {hours:g} h each)")
+    plots.count_axis(bottom, f"epoch ({length} rounds of {hours:g} h each)")
     bottom.set_ylabel("cumulative ε per device")
     bottom.legend(fontsize=8)
     fig.tight_layout()

@@ -301,6 +301,7 @@ def _write_estimates(result: RunResult, out: Path, seconds: dict[str, float] | N
     rounds = np.array([r.round for r in recs])
     reports = np.array([r.reports for r in recs])
     clipped = np.array([r.clipped for r in recs])
+    changed = [c.round for c in sc.changes if c.round <= sc.rounds]  # a change after the last round never happened
     # the protocol's own per-round columns (its round_columns: info key, value when missing; flags as 0/1)
     own = tuple(getattr(sc.protocol, "round_columns", ()))
     names = [k for k, _ in own]
@@ -314,7 +315,7 @@ def _write_estimates(result: RunResult, out: Path, seconds: dict[str, float] | N
         title = (f"{sc.name}: {sc.protocol.name}, ε = {sc.protocol.epsilon:g}, n = {sc.devices:,}, "
                  f"{getattr(sc.protocol, 'epochs')} epochs of {epoch_length} rounds")
         draw("epochs_plot", rounds, truth, est, update, title,
-             [(c.round - 1) // epoch_length + 1 for c in sc.changes])
+             [(r - 1) // epoch_length + 1 for r in changed])
         return
     if sc.protocol.kind == "stream":
         # theory_sd: ToPL's is an upper bound (theta = max_value), ToPS has none (nan, not 0)
@@ -323,7 +324,7 @@ def _write_estimates(result: RunResult, out: Path, seconds: dict[str, float] | N
               [rounds, truth, est, est - truth, *extra, reports, sd])
         title = (f"{sc.name}: {sc.protocol.name} ({getattr(sc.protocol, 'method')}), ε = {sc.protocol.epsilon:g}, "
                  f"n = {sc.devices:,}")
-        draw("estimates_plot", rounds, truth, est, sd, title, [c.round for c in sc.changes],
+        draw("estimates_plot", rounds, truth, est, sd, title, changed,
              "sum of counters over devices", "truth (population sum)", "truth ± 1.96 sd (theory, upper bound)")
         return
     if sc.protocol.kind == "mean":
@@ -332,7 +333,7 @@ def _write_estimates(result: RunResult, out: Path, seconds: dict[str, float] | N
               [rounds, truth, est, est - truth, sd, reports, clipped])
         title = f"{sc.name}: {sc.protocol.name}, ε = {sc.protocol.epsilon:g}, n = {sc.devices:,}"
         label = getattr(sc.protocol, "estimate_label", None)  # a plugin's own words for what it estimates
-        draw("estimates_plot", rounds, truth, est, sd, title, [c.round for c in sc.changes],
+        draw("estimates_plot", rounds, truth, est, sd, title, changed,
              *((str(label),) if label else ()))
         return
     k = width_of(sc.protocol)
@@ -346,7 +347,7 @@ def _write_estimates(result: RunResult, out: Path, seconds: dict[str, float] | N
         draw("counters_plot", rounds, truth, est, sd,
              f"{sc.name}: {sc.protocol.name}, c = {k}, ε = {sc.protocol.epsilon:g} per counter "
              f"(joint {sc.protocol.round_epsilon:.3g}), n = {sc.devices:,}",
-             [c.round for c in sc.changes])
+             changed)
         return
     width = bucket_width(sc.protocol)
     bucket = np.tile(np.arange(k), len(recs))
@@ -357,7 +358,7 @@ def _write_estimates(result: RunResult, out: Path, seconds: dict[str, float] | N
     per_round = [round_metrics("histogram", t, e, width) for t, e in zip(truth, est)]
     title = (f"{sc.name}: {sc.protocol.name}, k = {k}, d = {getattr(sc.protocol, 'bits', 1)}, "
              f"ε = {sc.protocol.epsilon:g}, n = {sc.devices:,}")
-    draw("histogram_plot", rounds, per_round, truth, est, sd, width, title, [c.round for c in sc.changes])
+    draw("histogram_plot", rounds, per_round, truth, est, sd, width, title, changed)
 
 
 TRANSCRIPT_AUTO_LIMIT = 50_000_000  # --transcript auto: transcript.parquet when devices x rounds is at most this

@@ -27,6 +27,15 @@ def subplots(*args: Any, figsize: tuple[float, float], **kwargs: Any) -> tuple[F
     return fig, fig.subplots(*args, **kwargs)
 
 
+def count_axis(ax: Any, label: str) -> None:
+    """Label the x axis of rounds or epochs and tick it at whole numbers only (a run of 3 rounds is ticked 1, 2,
+    3, not 1.0, 1.5, ...)."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.set_xlabel(label)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
 def __getattr__(name: str) -> Any:
     if name == "plt":  # pyplot on demand (Agg: matplotlib.use above)
         import matplotlib.pyplot as plt
@@ -77,7 +86,7 @@ def estimates_plot(path: Path, rounds: np.ndarray, truth: np.ndarray, estimate: 
     bottom.fill_between(rounds, -1.96 * sd, 1.96 * sd, color="tab:blue", alpha=0.15)
     bottom.plot(rounds, estimate - truth, "o-", color="tab:red", ms=3, lw=1)
     bottom.set_ylabel("estimate − truth")
-    bottom.set_xlabel("round")
+    count_axis(bottom, "round")
     fig.tight_layout()
     save(fig, path)
 
@@ -100,7 +109,7 @@ def spend_plot(path: Path, history: list[dict[str, float]], final: tuple[np.ndar
         left.plot(r, get("mean"), color="black", ls="--", lw=1, label="mean")
     if guarantee is not None:
         left.axhline(guarantee[0], color="tab:red", ls=":", lw=1.2, label=guarantee[1])
-    left.set_xlabel(xlabel)
+    count_axis(left, xlabel)
     left.set_ylabel(label)
     left.set_title(title)
     left.legend(loc="upper left", fontsize=8)
@@ -136,7 +145,7 @@ def histogram_plot(path: Path, rounds: np.ndarray, per_round: list[dict[str, flo
     twin.set_ylabel("W1 (clipped, renormalized)", color="tab:blue")
     for r in change_rounds:
         top.axvline(r, color="grey", ls=":", lw=1)
-    top.set_xlabel("round")
+    count_axis(top, "round")
     top.set_title(title, fontsize=10)
     top.legend(*[sum(h, []) for h in zip(top.get_legend_handles_labels(), twin.get_legend_handles_labels())],
                loc="upper right", fontsize=8)
@@ -177,7 +186,7 @@ def counters_plot(path: Path, rounds: np.ndarray, truth: np.ndarray, est: np.nda
         ax.plot(rounds, est[:, j], "o", color=color, ms=3.5, label=f"counter {j}: estimate")
     for r in change_rounds:
         ax.axvline(r, color="grey", ls=":", lw=1)
-    ax.set_xlabel("round")
+    count_axis(ax, "round")
     ax.set_ylabel("mean counter")
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=7, ncol=2)
@@ -195,7 +204,7 @@ def epochs_plot(path: Path, epochs: np.ndarray, truth: np.ndarray, est: np.ndarr
         ax.plot(epochs[update], est[update], "v", color="tab:red", ms=7, label="global update")
     for e in change_epochs:
         ax.axvline(e, color="grey", ls=":", lw=1)
-    ax.set_xlabel("epoch")
+    count_axis(ax, "epoch")
     ax.set_ylabel("mean of the bits")
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8, loc="best")

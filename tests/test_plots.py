@@ -48,3 +48,31 @@ def test_many_buckets_are_drawn_as_one_outline_per_series(monkeypatch: pytest.Mo
     top = truth_path.vertices[:, 1]
     assert top.max() == pytest.approx(truth.max()) and top.min() == pytest.approx(0.0)
     assert f"{k:,} buckets" in bottom.get_title()
+
+
+def test_round_and_epoch_axes_are_ticked_at_whole_numbers(tmp_path, monkeypatch) -> None:
+    """A run of 3 rounds: the estimates, spend and attack plots tick rounds 1, 2, 3, never 1.5 (a round is a
+    count), and no line of a change after the last round (quickstart's is in round 8) stretches the axis to it;
+    THRESH's comparison ticks whole epochs."""
+    from matplotlib.figure import Figure
+
+    from scenarios import compare, output, runner, schema
+
+    ticks: list[list[float]] = []
+    real = Figure.savefig
+
+    def spy(fig, *args, **kwargs):
+        fig.canvas.draw()  # the locators choose their ticks when drawn
+        for ax in fig.axes:
+            label = ax.get_xlabel()
+            if label.startswith(("round", "epoch", "located round")):
+                lo, hi = ax.get_xlim()
+                ticks.append([t for t in ax.get_xticks() if lo <= t <= hi])
+        return real(fig, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", spy)
+    result = runner.run(schema.load("quickstart", ["population.devices=300", "rounds=3"]))
+    output.write_run_dir(result, tmp_path / "run", painter=None)
+    compare.compare(schema.load("thresh_stable", ["population.devices=300", "rounds=21"]), tmp_path / "cmp")
+    assert len(ticks) >= 5 and all(t and all(float(x).is_integer() for x in t) for t in ticks), ticks
+    assert max(max(t) for t in ticks[:-1]) <= 3, ticks
