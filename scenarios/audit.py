@@ -1016,6 +1016,24 @@ def describe(record: dict) -> str:
     return head.replace("<=", "vs") + f"; mismatches: {kinds}"
 
 
+def _abbreviated(v: Any, items: int = 8) -> Any:
+    """An example's value with every list longer than ``items`` cut to its first ``items`` and a count (a
+    report of 1,024 bits is not a line to read)."""
+    if isinstance(v, dict):
+        return {k: _abbreviated(x, items) for k, x in v.items()}
+    if isinstance(v, list):
+        head = [_abbreviated(x, items) for x in v[:items]]
+        return head + [f"... {len(v):,} values in all"] if len(v) > items else head
+    return v
+
+
+def mismatch_lines(record: dict) -> list[str]:
+    """One line per kind of mismatch: its count and its first example, long values abbreviated."""
+    return [f"  {kind}: {v['count']:,}" + (f", e.g. {json.dumps(_abbreviated(v['examples'][0]))}"
+                                            if v["examples"] else "")
+            for kind, v in record["mismatches"].items()]
+
+
 def parse_devices(text: str | None) -> int | str | None:
     if text is None:
         return None
@@ -1034,7 +1052,5 @@ def main(run_dir: str, devices: str | None, ledgers: Iterable[str] | None, as_js
     if as_json:
         print(jsonout.write_document(record, indent=2))
     else:
-        print(describe(record))
-        for kind, v in record["mismatches"].items():
-            print(f"  {kind}: {v['count']:,}, e.g. {json.dumps(v['examples'][0]) if v['examples'] else ''}"[:400])
+        print("\n".join([describe(record), *mismatch_lines(record)]))
     return 0 if record["verdict"] == "clean" else 1

@@ -232,7 +232,8 @@ def check_audit(sc: Any, directory: str | Path | None = None) -> dict[str, Any]:
         output.write_run_dir(runner.run(sc), out, transcript="always")
         record = audit.audit(out, devices="all", allow_code=True)  # the protocol under test is the caller's own code
     if record.get("verdict") != "clean":
-        raise _fail("audit", f"ldpsim audit is not clean: {record.get('findings') or record}")
+        raise _fail("audit", "ldpsim audit is not clean: " + "\n".join([audit.describe(record),
+                                                                          *audit.mismatch_lines(record)]))
     return record
 
 

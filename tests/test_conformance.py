@@ -82,3 +82,28 @@ def test_a_protocol_that_charges_past_the_budget_fails_the_kit() -> None:
 
     with pytest.raises(BudgetOverrun):
         runner.run(dataclasses.replace(sc, budget=1.5 * sc.protocol.round_epsilon))
+
+
+def test_an_audit_failure_is_told_in_a_few_short_lines() -> None:
+    """A device side whose reports are not the reference model's fails check_audit with the audit's verdict line
+    and one line per kind of mismatch (its count, one example), not the whole audit record; a long value in
+    an example (a report of 1,024 bits) is abbreviated."""
+    import numpy as np
+
+    from protocols.baselines import KFlipDevices
+    from scenarios import audit
+
+    class OffByOne(KFlipDevices):
+        def report(self, round_, values):
+            y = super().report(round_, values)["y"]
+            return {"y": ((y.astype(np.int64) + (self.device_ids == 7)) % self.params.buckets).astype(y.dtype)}
+
+    with pytest.raises(testing.ConformanceError) as caught:
+        testing.check_audit(_kflip_with_devices(OffByOne, rounds=2))
+    lines = str(caught.value).splitlines()
+    assert lines[0].startswith("audit: ldpsim audit is not clean: audit failed: 60 device(s)"), lines[0]
+    assert any(line.startswith("  report_value: ") and '"device": 7' in line for line in lines), lines
+    assert len(lines) <= 6 and all(len(line) < 400 for line in lines), lines
+    long = {"mismatches": {"report_value": {"count": 1, "examples": [{"transcript": list(range(1024))}]}}}
+    (line,) = audit.mismatch_lines(long)
+    assert line.endswith('[0, 1, 2, 3, 4, 5, 6, 7, "... 1,024 values in all"]}') and len(line) < 120, line
