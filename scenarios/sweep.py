@@ -65,10 +65,24 @@ _IDENTITY = ("scenario_data", "grid", "repeat", "seeds", "on_every_point")  # wh
 
 
 def differences(theirs: dict[str, Any], mine: dict[str, Any]) -> list[str]:
-    """The entries of two sweep.json definitions that make them different sweeps (empty: the same sweep, so
-    its runs may be resumed); one written before ``on_every_point`` existed has none."""
+    """The entries of two sweep.json definitions that make them different sweeps (empty: the same sweep, or
+    one that extends it, so its runs may be resumed); one written before ``on_every_point`` existed has none."""
     theirs = {"on_every_point": [], **theirs}
-    return [k for k in _IDENTITY if theirs.get(k) != mine[k]]
+    diff = [k for k in _IDENTITY if theirs.get(k) != mine[k]]
+    return [] if diff and set(diff) <= {"grid", "repeat", "seeds"} and extends(theirs, mine) else diff
+
+
+def extends(theirs: dict[str, Any], mine: dict[str, Any]) -> bool:
+    """Whether sweep ``mine`` holds every run of ``theirs`` unchanged: at least as many repetitions (the seeds
+    of the first ones are the same: each derives from its index alone) and the same grid keys, in order, with
+    every value of theirs among its own. Its finished runs are then kept and only the new ones run."""
+    repeat, seeds, grid = theirs.get("repeat"), theirs.get("seeds"), theirs.get("grid")
+    if not (isinstance(repeat, int) and 1 <= repeat <= mine["repeat"] and seeds == mine["seeds"][:repeat]):
+        return False
+    if not (isinstance(grid, dict) and list(grid) == list(mine["grid"])):
+        return False
+    return all(isinstance(values, list) and {_canon(v) for v in values} <= {_canon(v) for v in mine["grid"][k]}
+               for k, values in grid.items())
 
 
 # ------------------------------------------------------------------------------------------- definition
@@ -622,8 +636,11 @@ def _prepare(sweep: Sweep, out: Path, force: bool) -> None:
                 theirs = {}
             diff = differences(theirs if isinstance(theirs, dict) else {}, mine)  # not an object: another sweep
             if diff:
-                raise ScenarioError(f"--out {out}: holds a different sweep ({', '.join(diff)} differ); "
-                                    "pass --force to start over or choose another directory")
+                shrinks = set(diff) <= {"grid", "repeat", "seeds"}
+                raise ScenarioError(f"--out {out}: holds a different sweep ({', '.join(diff)} differ"
+                                    + ("; a sweep may be extended, with more repetitions or grid values, but not cut"
+                                       " down: its finished runs would be dropped" if shrinks else "")
+                                    + "); pass --force to start over or choose another directory")
         elif runs.exists():
             raise ScenarioError(f"--out {out}: holds runs.jsonl but no sweep.json; pass --force to start over")
     else:

@@ -267,7 +267,7 @@ def test_a_different_sweep_is_refused_without_force(tmp_path, one_worker, capsys
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("ldpsim: error: --out") and "--force" in err[0]
     assert (out / "runs.jsonl").read_bytes() == before
-    assert sweep_cli(out, "--workers", "1", repeat="3") == 2  # more repetitions is another sweep too
+    assert sweep_cli(out, "--workers", "1", repeat="1") == 2  # fewer repetitions would drop finished runs
     assert sweep_cli(out, "--workers", "1", "--set", "seed=5") == 2  # and so is another scenario
 
     assert sweep_cli(out, "--workers", "1", "--force", grid=["--grid", "protocol.epsilon=0.5,4"]) == 0
@@ -791,3 +791,28 @@ def test_a_damaged_sweep_directory_resumes_or_is_refused_in_one_line(tmp_path, c
     assert main(argv) == 2 and "holds a different sweep" in capsys.readouterr().err
     with pytest.raises(ScenarioError, match=r"^2,000,000,000 runs .* exceed the limit of 10,000,000"):
         sweep.plan("quickstart", ["protocol.epsilon=0.5,1"], repeat=1_000_000_000)
+
+
+def test_a_sweep_is_extended_with_more_repetitions_or_grid_values_but_never_cut_down(tmp_path, monkeypatch,
+                                                                                     capsys, no_plots):
+    """The same command with --repeat 2 after --repeat 1, then a third grid value: only the new runs run, the
+    finished ones are kept as they were, and the results equal a sweep run whole at once. Fewer repetitions or
+    a grid value fewer would drop finished runs: refused, runs.jsonl untouched."""
+    grid = ["--grid", "protocol.epsilon=1,2"]
+    out, whole = tmp_path / "grown", tmp_path / "whole"
+    calls = count_runs(monkeypatch)
+    assert sweep_cli(out, "--workers", "1", grid=grid, repeat="1") == 0 and len(calls) == 2
+    first = (out / "runs.jsonl").read_text()
+    assert sweep_cli(out, "--workers", "1", grid=grid, repeat="2") == 0 and len(calls) == 4
+    assert sweep_cli(out, "--workers", "1", grid=["--grid", "protocol.epsilon=1,2,4"], repeat="2") == 0
+    assert len(calls) == 6 and (out / "runs.jsonl").read_text().startswith(first)
+    assert sweep_cli(whole, "--workers", "1", grid=["--grid", "protocol.epsilon=1,2,4"], repeat="2") == 0
+    assert sorted(map(str, without_wall(read_csv(out / "results.csv")[1]))) == \
+        sorted(map(str, without_wall(read_csv(whole / "results.csv")[1])))
+    assert digests_by_run(out) == digests_by_run(whole)
+    kept = (out / "runs.jsonl").read_text()
+    capsys.readouterr()
+    for smaller, repeat in ((["--grid", "protocol.epsilon=1,4"], "2"), (["--grid", "protocol.epsilon=1,2,4"], "1")):
+        assert sweep_cli(out, "--workers", "1", grid=smaller, repeat=repeat) == 2
+        assert "may be extended, with more repetitions or grid values, but not cut down" in capsys.readouterr().err
+        assert (out / "runs.jsonl").read_text() == kept and len(calls) == 12
