@@ -24,6 +24,9 @@ Hostile input is bounded (every cause counted in ``drops``; summary.json's ``liv
   once (``connection_limit``);
 - a broadcast is written to every connection at once; a connection whose socket has not taken it within
   ``write_timeout`` is dropped (``write_timeout``): a reader that stops reading never holds up a stage;
+- a first frame that is not a Hello (``no_hello``), and a connection holding devices that leaves
+  ``unresponsive_stages`` stages in a row unacknowledged (``unresponsive``: a stopped or dead client, whose
+  devices are then free for a client that reconnects for them);
 - a failed TLS handshake (``tls``) and any unexpected exception in a connection's handler (``error``).
 A well-formed batch the protocol refuses is counted as a rejected message and the connection kept. The log
 gets at most one line per drop cause per round, and one line with the round's counts by cause.
@@ -100,6 +103,10 @@ class Connection:
     serial: int = 0  # > 0; the holder id of the devices it registered
     devices: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     acked: bool = False
+    # stage messages written to it and not yet acknowledged: a client acknowledges each in turn (TCP keeps them
+    # in order), so a late acknowledgement of an earlier stage does not close the one now open
+    owed: int = 0
+    strikes: int = 0  # stages in a row it left unacknowledged at their timeout
     hello: bool = False  # registered (one Hello per connection)
     ready: bool = False  # TLS (if any) is up: broadcasts may be written
     verifying: bool = False  # its Hello's MAC is being checked: no broadcast until it is registered or refused
@@ -121,6 +128,9 @@ class LiveSettings:
     secret: bytes | None = None  # deployment secret: Hellos must be authenticated (protocols.auth)
     tls: ssl.SSLContext | None = None  # server-side TLS context
     round_pause: float = 0.0  # real seconds to wait after each round and each later stage (pacing a demo or a test)
+    # a connection holding devices that leaves this many stages in a row unacknowledged is dropped (stopped or
+    # dead: its devices are free again for a client that reconnects for them)
+    unresponsive_stages: int = 3
 
 
 class LiveCollector:
@@ -357,17 +367,21 @@ class LiveCollector:
         msg = wire.decode(raw, self.settings.max_frame)  # WireError: the connection is dropped by the caller
         if isinstance(msg, Hello):
             return msg
+        if not conn.hello and not conn.verifying:  # a peer that holds no device has nothing else to send
+            raise Refused("no_hello", f"a {type(msg).__name__} before the connection's Hello")
         try:
             if not isinstance(msg, ReportBatch):
                 raise ProtocolError(f"devices may not send {type(msg).__name__} messages")
-            if len(msg) == 0 and not msg.columns:  # the client's acknowledgement: nothing more this stage
-                conn.acked = True
-                self._waiting.discard(conn)
-                self._check_acks()
+            if len(msg) == 0 and not msg.columns:  # the client's acknowledgement of its oldest stage message
+                conn.owed = max(conn.owed - 1, 0)
+                if not conn.owed:  # the open stage's own (a late one of a stage before it closes nothing)
+                    conn.acked, conn.strikes = True, 0
+                    self._waiting.discard(conn)
+                    self._check_acks()
                 return None
-            if not self._stage_open:
+            if not self._stage_open or msg.round < self.current_round:
                 self.stats.late += 1
-                raise ProtocolError(f"report batch for round {msg.round} arrived after the stage closed")
+                raise ProtocolError(f"report batch for round {msg.round} arrived after its stage closed")
             ids = msg.devices  # unsigned and strictly increasing (wire.decode): the last is the largest
             if ids.size and (int(ids[-1]) >= self.n_devices
                              or not np.all(self.holder[ids.astype(np.int64)] == conn.serial)):
@@ -393,10 +407,17 @@ class LiveCollector:
             # reset the connection before the client reads why (a registered connection gets the open stage's)
             conn.verifying = True
             try:
-                async with self._verifying:
+                try:  # a Hello queues for its turn at most the hello timeout (a flood of them holds no slot longer)
+                    await asyncio.wait_for(self._verifying.acquire(), self.settings.hello_timeout)
+                except asyncio.TimeoutError:
+                    raise Refused("hello_timeout", f"its hello waited more than {self.settings.hello_timeout:g} s "
+                                                   f"for its turn to be verified") from None
+                try:
                     verified = await asyncio.get_running_loop().run_in_executor(
                         None, functools.partial(auth.verify_hello, secret, conn.nonce or b"", msg.round,
                                                 msg.protocol, msg.devices.astype(np.uint64), msg.mac))
+                finally:
+                    self._verifying.release()
             finally:
                 conn.verifying = False
             if not verified:
@@ -446,9 +467,19 @@ class LiveCollector:
             conn.writer.write(frame(wire.encode(End(round=self.rounds, protocol=self.protocol.name))))
         elif self._stage_open and self._stage_frame is not None:  # back mid-stage: the stage's message
             self.frames_sent += 1  # (devices that already answered it re-send the same reports, or refuse)
+            conn.owed += 1
             conn.writer.write(self._stage_frame)
         if self._held == self.n_devices:
             self._registered.set()
+
+    def _strike(self) -> None:
+        """A stage timed out: each connection still owing its acknowledgement gets a strike, and one with
+        ``unresponsive_stages`` in a row is dropped (``unresponsive``)."""
+        limit = self.settings.unresponsive_stages
+        for conn in list(self._waiting):
+            conn.strikes += 1
+            if conn.strikes >= limit:
+                self._drop(conn, "unresponsive", f"{limit} stages in a row without an acknowledgement")
 
     def _check_acks(self) -> None:
         """A stage is complete when every registered device is connected and every connection acknowledged:
@@ -462,7 +493,10 @@ class LiveCollector:
         if nominal is not None:
             self.downlink.append(describe(msg, nominal))  # type: ignore[arg-type]
         data = frame(wire.encode(msg))
-        targets = [c for c in self.connections if c.ready and not c.verifying]
+        # registered connections only: one that has not said Hello (or whose Hello is being verified) holds no
+        # device and learns nothing of the run; it is sent the open stage's message when it registers
+        targets = [c for c in self.connections if c.hello and c.ready and not c.verifying]
+        stage = not isinstance(msg, End)  # every message but End is answered, then acknowledged
         for conn in targets:
             conn.acked = False
         self._waiting = {c for c in self.connections if c.devices.size}
@@ -473,6 +507,7 @@ class LiveCollector:
             if transport.is_closing():
                 continue
             self.frames_sent += 1
+            conn.owed += stage
             conn.writer.write(data)
             if transport.get_write_buffer_size():
                 slow.append(conn)
@@ -503,8 +538,10 @@ class LiveCollector:
                 self.log.warning("startup_incomplete", registered=self._held, devices=self.n_devices)
             self.devices_at_start = self._held
             if not self._held and self.n_devices:
+                dropped = ", ".join(f"{k} {v:,}" for k, v in sorted(self.drops.items()))
                 raise ConnectionError(f"no device connected within {self.settings.startup_timeout:g} s "
-                                      "(--startup-timeout); nothing to collect")
+                                      "(--startup-timeout); nothing to collect"
+                                      + (f" (connections dropped: {dropped})" if dropped else ""))
             if self.on_start is not None:
                 self.on_start(self._held, self.n_devices)
         for t in [*range(first_round, last + 1), *extra]:
@@ -537,6 +574,7 @@ class LiveCollector:
                     await asyncio.wait_for(self._acked.wait(), self.settings.stage_timeout)
                 except asyncio.TimeoutError:
                     self.log.warning("stage_timeout", round=t)
+                    self._strike()
                 if not step.first and self.settings.round_pause > 0:  # opened by advance: paced like a round
                     await asyncio.sleep(self.settings.round_pause)
                 self._stage_open = False

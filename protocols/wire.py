@@ -333,7 +333,8 @@ def _decode(data: bytes, max_bytes: int) -> Message:
     except msgpack.ExtraData:
         raise WireError("trailing bytes after the message") from None
     except (ValueError, TypeError, msgpack.UnpackException, RecursionError, UnicodeDecodeError) as exc:
-        raise WireError(f"not valid msgpack: {exc}"[:200]) from None
+        why = str(exc) or type(exc).__name__  # msgpack says nothing of a reserved byte (0xc1): name the error
+        raise WireError(f"not valid msgpack ({len(data)} bytes, starting {data[:8].hex()}): {why}"[:200]) from None
     if not isinstance(obj, dict):
         raise WireError(f"message must be a map, got {type(obj).__name__}")
     version = obj.get("v")

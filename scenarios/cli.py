@@ -369,6 +369,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     journal.finish(out)  # the run directory is complete: the journal is no longer needed
     held = (summary.get("live") or {}).get("devices_at_start")
     short = f" with {held:,} of {scenario.devices:,} devices" if held is not None and held < scenario.devices else ""
+    empty = sum(1 for r in result.rounds if not r.reports)
+    if empty:  # e.g. devices that answered after every stage timeout: the collector learned nothing those rounds
+        print(f"ldpsim: warning: {empty} of {len(result.rounds)} rounds closed without a report (see events.jsonl "
+              f"stage_timeout and message_rejected)", file=sys.stderr)
     print(f"served {len(result.rounds)} rounds{short}: mean |error| {_num(summary['error']['mean_abs'])} -> {out}")
     return 0
 
@@ -416,7 +420,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
         raise ScenarioError(f"--shard {args.shard!r}: expected I/N with 1 <= I <= N")
     if args.resume and not args.out:
         raise ScenarioError("--resume: the saved device state is in --out DIR; give it")
-    from agents.client import GIVE_UP_AFTER, CollectorRefused
+    from agents.client import GIVE_UP_AFTER
     from scenarios import journal
     from scenarios.live import shard_size
 
@@ -431,11 +435,12 @@ def cmd_devices(args: argparse.Namespace) -> int:
     print(f"ldpsim: shard {index}/{count}: {held:,} devices "
           f"connecting to {args.connect} over {args.connections} connection(s) (giving up after "
           f"{GIVE_UP_AFTER:g} s without a collector there)", file=sys.stderr, flush=True)
-    try:
-        outcome = asyncio.run(live.devices(scenario, host, int(port), int(index) - 1, int(count), args.connections,
-                                           _secret(args), _client_tls(args), args.out, args.resume))
-    except (ConnectionError, CollectorRefused) as exc:  # no collector there for the clients' whole patience,
-        raise ScenarioError(str(exc)) from None  # or one that will not serve these devices
+    if not args.out:
+        print("ldpsim: warning: no --out: these devices' spend is kept in this process only (a restarted process "
+              "starts them with a fresh budget); give --out DIR to keep it and their state across restarts",
+              file=sys.stderr, flush=True)
+    outcome = asyncio.run(live.devices(scenario, host, int(port), int(index) - 1, int(count), args.connections,
+                                       _secret(args), _client_tls(args), args.out, args.resume))
     ledger = outcome.ledger
     if args.out:
         out = Path(args.out)
@@ -447,9 +452,11 @@ def cmd_devices(args: argparse.Namespace) -> int:
         print(f"shard {index}/{count}: ledger -> {path} (ldpsim audit RUN_DIR --ledger {path} ...)", file=sys.stderr)
     spent = ledger.spend[ledger.spend > 0]
     guards = outcome.guards
-    print(f"shard {index}/{count}: done; per-device spend (epsilon) max {spent.max() if spent.size else 0:.4g}; "
+    print(f"shard {index}/{count}: {'done' if outcome.error is None else 'stopped'}; per-device spend (epsilon) max {spent.max() if spent.size else 0:.4g}; "
           f"reports refused for the budget {guards['refusals']:,}, collector messages ignored "
           f"{guards['ignored']:,} (per device), undecodable collector frames {outcome.rejected:,}")
+    if outcome.error is not None:  # no collector there for the clients' whole patience, or one that will not
+        raise ScenarioError(outcome.error)  # serve these devices: what they spent until then is written above
     return 0
 
 

@@ -25,7 +25,7 @@ from typing import Any, Callable, TextIO
 
 import numpy as np
 
-from agents.client import DeviceClient, DeviceDays
+from agents.client import CollectorRefused, DeviceClient, DeviceDays
 from agents.resumable import ResumableClient
 from agents.shard import guard_counts
 from agents.world import World
@@ -258,6 +258,7 @@ class ShardOutcome:
     ledger: Ledger
     rejected: int
     guards: dict[str, int]
+    error: str | None = None  # why the clients stopped before the collector's End (refused, no collector)
 
 
 async def devices(sc: Scenario, host: str, port: int, index: int, count: int, connections: int = 1,
@@ -277,8 +278,16 @@ async def devices(sc: Scenario, host: str, port: int, index: int, count: int, co
         from scenarios import journal
 
         store = journal.open_device_store(state_dir, sc, index + 1, count, clients, ledger, days, require_state)
-    await asyncio.gather(*(c.run() for c in clients))
-    if store is not None:
+    tasks = [asyncio.ensure_future(c.run()) for c in clients]
+    error = None
+    try:
+        await asyncio.gather(*tasks)
+    except (ConnectionError, CollectorRefused) as exc:  # what the devices spent until then is theirs to keep
+        error = str(exc)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    if store is not None and error is None:
         store.save(done=True)
     return ShardOutcome(ledger, sum(c.rejected for c in clients),
-                        guard_counts([cohort for c in clients for cohort in c.cohorts]))
+                        guard_counts([cohort for c in clients for cohort in c.cohorts]), error)

@@ -189,11 +189,14 @@ def test_serve_with_devices_missing_warns_and_records_it_and_with_none_exits_2(t
     try:
         # devices of another scenario (--set differs) are refused with the reason and exit 2 at once
         other = subprocess.run(cmd + ["devices", "quickstart", "--connect", f"127.0.0.1:{port}", "--shard", "2/2",
-                                      "--set", "protocol.epsilon=2"] + sets, capture_output=True, text=True,
-                               timeout=30)
+                                      "--set", "protocol.epsilon=2", "--out", str(tmp_path / "other")] + sets,
+                               capture_output=True, text=True, timeout=30)
         assert other.returncode == 2 and other.stderr.strip().splitlines()[-1] == (
             f"ldpsim: error: the collector at 127.0.0.1:{port} refused the devices: the devices run another "
             "scenario than this collector (its file or --set options differ)"), other.stderr
+        # ... after writing what its devices spent (nothing: refused at the Hello) and saying it stopped
+        assert other.stdout.startswith("shard 2/2: stopped; per-device spend (epsilon) max 0;"), other.stdout
+        assert (tmp_path / "other" / "ledger-shard-2-of-2.parquet").is_file()
         for p in (shard, server):
             assert p.wait(timeout=60) == 0, p.stderr.read().decode()[-2000:]
     finally:

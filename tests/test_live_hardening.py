@@ -108,16 +108,6 @@ async def connect(port: int):
     return await asyncio.open_connection(HOST, port)
 
 
-def never_reading(port: int) -> socket.socket:
-    """A plain socket with a tiny receive window that nobody reads (an asyncio transport would read it into its
-    buffer on its own)."""
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
-    sock.settimeout(5)
-    sock.connect((HOST, port))  # loopback: immediate
-    return sock
-
-
 async def read_frame(reader: asyncio.StreamReader, timeout: float = 5.0):
     (n,) = struct.unpack(">I", await asyncio.wait_for(reader.readexactly(4), timeout))
     return wire.decode(await asyncio.wait_for(reader.readexactly(n), timeout))
@@ -505,7 +495,7 @@ async def test_a_duplicate_shard_is_refused(secret) -> None:
 async def test_out_of_range_ids_are_refused_without_wraparound() -> None:
     """Hello ids of 2^63, 2^64 - 1, the population size, a negative id (hand-made msgpack: an i8 array, a plain
     list, an int) and a duplicate id are refused and counted, never an IndexError or a wrapped index; a report
-    batch naming 2^63 is a rejected message. Honest digests are unaffected."""
+    batch naming 2^63 sent before any Hello drops its connection. Honest digests are unaffected."""
     h = await started()
     await h.registered()
     n = h.sc.devices
@@ -517,45 +507,79 @@ async def test_out_of_range_ids_are_refused_without_wraparound() -> None:
     duplicate = msgpack.ExtType(wire.ARRAY_EXT, struct.pack("<BI", 2, 2) + struct.pack("<II", 3, 3))
     for devices in (negative_i8, [-1], -1, duplicate):
         await send_and_expect_close(h.port, frame(msgpack.packb({**body, "devices": devices}, use_bin_type=True)))
-    reader, writer = await connect(h.port)  # a batch without a hello, naming device 2^63
-    rejected = h.server.stats.reasons.get("protocol", 0)
+    # a batch without a hello, naming device 2^63: a peer that holds no device has nothing to send but a Hello
     batch = ReportBatch(1, PROTOCOL, np.array([2**63], np.uint64), {"bit": wire.bits(np.ones(1))})
-    writer.write(frame(wire.encode(batch)))
-    await writer.drain()
-    for _ in range(200):
-        if h.server.stats.reasons.get("protocol", 0) > rejected:
-            break
-        await asyncio.sleep(0.01)
-    assert h.server.stats.reasons.get("protocol", 0) == rejected + 1
-    writer.close()
+    await send_and_expect_close(h.port, frame(wire.encode(batch)))
     got = await h.finish()
     assert got["digests"] == simulated()
-    assert h.server.drops == {"ids_out_of_range": 5, "malformed": 4}
+    assert h.server.drops == {"ids_out_of_range": 5, "malformed": 4, "no_hello": 1}
     assert no_stage_timeouts(h)
 
 
 # ----------------------------------------------------------------------------------------------- resources
 @pytest.mark.asyncio
-async def test_a_reader_that_never_reads_is_dropped_and_the_run_goes_on() -> None:
-    """A connection that never reads (a tiny receive window, a small server send buffer) across 300 rounds: its
-    socket fills, the broadcast waits for it at most the write timeout, then drops it (counted); the run
-    completes with the simulated run's digests."""
-    sc = scenario(devices=40, rounds=300, cohort=40)
-    settings = dataclasses.replace(FAST, send_buffer=4096, write_timeout=0.5, hello_timeout=120.0)
-    h = Harness(sc, settings, connections=1)
-    await h.listen()
-    slow = never_reading(h.port)  # never reads, never writes
-    h.start_clients()
-    h.start_run()
+async def test_a_registered_reader_whose_socket_stops_taking_broadcasts_is_dropped_at_the_write_timeout() -> None:
+    """A broadcast waits for a registered connection's full socket at most the write timeout, then drops it
+    (counted as write_timeout, its devices freed): a reader that stops reading never holds up a stage. (The
+    collector's own _broadcast with a connection whose transport never drains.)"""
+    sc = scenario(devices=40, rounds=2, cohort=40)
+    server, _, _ = live.build_server(sc, Ledger(sc.devices), None, dataclasses.replace(FAST, write_timeout=0.2))
+
+    class Full:  # a transport whose send buffer never empties
+        def is_closing(self):
+            return False
+
+        def get_write_buffer_size(self):
+            return 1 << 20
+
+        def abort(self):
+            pass
+
+    class Stuck:
+        transport = Full()
+
+        def write(self, data):
+            pass
+
+        async def drain(self):
+            await asyncio.sleep(3600)
+
+    conn = server_module.Connection(Stuck(), serial=1, devices=np.arange(20), hello=True, ready=True)
+    server.connections.add(conn)
     t0 = time.perf_counter()
-    try:
-        got = await h.finish(timeout=60)
-    finally:
-        slow.close()
-    assert got["digests"] == simulated(40, 300, 40)
-    assert h.server.drops == {"write_timeout": 1}
-    assert time.perf_counter() - t0 < 30
-    assert no_stage_timeouts(h)
+    await server._broadcast(CollectionRequest(round=1, protocol=PROTOCOL, deadline=1.0))
+    assert time.perf_counter() - t0 < 2 and conn.closed and conn not in server.connections
+    assert server.drops == {"write_timeout": 1}
+
+
+@pytest.mark.asyncio
+async def test_a_stopped_client_is_dropped_and_a_new_one_takes_its_devices() -> None:
+    """A client that registered shard 1 and then stops (SIGSTOP, a dead host: the socket stays open) held its
+    devices to the end of the run, every later Hello for them refused as held. After unresponsive_stages (3)
+    stage timeouts without its acknowledgement it is dropped (``unresponsive``), a client started for the same
+    shard is admitted, and that shard's reports land again."""
+    settings = dataclasses.replace(FAST, stage_timeout=0.3, round_pause=0.05)
+    h = Harness(scenario(rounds=10), settings, connections=2)
+    await h.listen()
+    sc, days = h.sc, live.process_days(h.sc)
+    honest = live.build_client(sc, live.shard(sc.devices, 0, 2), h.ledger, HOST, h.port, days)
+    reader, writer = await connect(h.port)  # shard 1's client: says Hello, then never answers
+    writer.write(hello(live.shard(sc.devices, 1, 2)))
+    await writer.drain()
+    h.clients, h.tasks = [honest], [asyncio.create_task(honest.run())]
+    h.start_run()
+    await h.registered()
+    while h.server.drops.get("unresponsive", 0) == 0 and not h.run_task.done():
+        await asyncio.sleep(0.02)
+    assert h.server.drops == {"unresponsive": 1}, h.server.drops
+    stand_in = live.build_client(sc, live.shard(sc.devices, 1, 2), Ledger(sc.devices), HOST, h.port,
+                                 live.process_days(sc))
+    h.clients.append(stand_in)
+    h.tasks.append(asyncio.create_task(stand_in.run()))
+    await h.finish()
+    writer.close()
+    per_round = [r.reports for r in h.book.records]
+    assert per_round[:3] == [200] * 3 and per_round[-1] == 400, per_round  # 3 strikes, then shard 1 is back
 
 
 @pytest.mark.asyncio
@@ -780,3 +804,151 @@ async def test_a_client_counts_the_collector_frames_it_cannot_decode() -> None:
         server.close()
     assert client.done and client.rejected == 2
 
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("secret", [None, SECRET], ids=["no-secret", "secret"])
+async def test_a_connection_that_has_not_said_hello_is_sent_no_broadcast(secret) -> None:
+    """A peer that connects and never says Hello holds no device: the rounds' broadcasts (requests, the End)
+    are not written to it (with a secret it gets its Challenge and nothing more); the run is unharmed."""
+    from protocols.framing import FrameDecoder
+
+    h = await started(settings=dataclasses.replace(FAST, secret=secret, round_pause=0.4))
+    await h.registered()
+    reader, writer = await asyncio.open_connection(HOST, h.port)
+    got = b""
+    try:
+        while True:
+            got += await asyncio.wait_for(reader.read(1 << 16), 2.0)
+    except asyncio.TimeoutError:
+        pass
+    finally:
+        writer.close()
+    frames = [wire.decode(raw) for raw in FrameDecoder(1 << 20).feed(got)]
+    assert [type(m) for m in frames] == ([Challenge] if secret else []), frames
+    assert (await h.finish())["digests"] == simulated()
+
+
+@pytest.mark.asyncio
+async def test_a_late_answer_costs_its_own_round_only() -> None:
+    """One shard (a device process of its own) answers round 1 after the stage timeout (a cold JIT, a GC
+    pause): its round-1 reports are late and refused, but its late acknowledgement must not close round 2's
+    stage (it did, and every later round then closed before that shard's answers: 0 reports from it to the
+    end). From round 2 on every device's report lands."""
+    from agents.client import DeviceClient
+
+    settings = dataclasses.replace(FAST, stage_timeout=0.5)
+    h = Harness(scenario(), settings, connections=2)
+    await h.listen()
+    sc = h.sc
+    h.clients = [live.build_client(sc, live.shard(sc.devices, i, 2), h.ledger, HOST, h.port, live.process_days(sc))
+                 for i in range(2)]  # days of their own: two device processes
+    slow, real = h.clients[1], DeviceClient._on_message
+
+    async def late_in_round_1(msg, writer):
+        if isinstance(msg, CollectionRequest):  # round 1 past the timeout, the others a little after the rest
+            await asyncio.sleep(0.8 if msg.round == 1 else 0.05)
+        return await real(slow, msg, writer)
+
+    slow._on_message = late_in_round_1  # type: ignore[method-assign]
+    h.tasks = [asyncio.create_task(c.run()) for c in h.clients]
+    h.start_run()
+    got = await h.finish()
+    per_round = [r.reports for r in h.book.records]
+    assert per_round == [200] + [400] * 5, per_round
+    assert got["reports"]["accepted"] == 2200 and got["messages"]["late"] == 2  # its two round-1 batches
+
+
+@pytest.mark.asyncio
+async def test_devices_refused_mid_run_keep_what_they_spent() -> None:
+    """A collector that asks for round 1, takes the answer, then refuses the devices: live.devices returns the
+    ledger with round 1's charges and the refusal's reason (`ldpsim devices` writes that ledger, then exits 2
+    with the reason) instead of raising past it and losing the spend."""
+    from protocols.framing import FrameDecoder
+    from protocols.messages import Refusal
+
+    sc = scenario()
+
+    async def ask_then_refuse(reader, writer):
+        decoder = FrameDecoder(1 << 24)
+        frames: list = []
+        while not frames:
+            frames = decoder.feed(await reader.read(1 << 16))  # the Hello
+        writer.write(frame(wire.encode(CollectionRequest(round=1, protocol=PROTOCOL, deadline=sc.network.deadline))))
+        await writer.drain()
+        acked = False
+        while not acked:
+            for raw in decoder.feed(await reader.read(1 << 16)):
+                msg = wire.decode(raw)
+                acked = acked or (isinstance(msg, ReportBatch) and len(msg) == 0)
+        writer.write(frame(wire.encode(Refusal(round=1, protocol=PROTOCOL, reason="go away"))))
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(ask_then_refuse, HOST, 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        outcome = await asyncio.wait_for(live.devices(sc, HOST, port, 0, 1), 20)
+    finally:
+        server.close()
+    assert outcome.error is not None and outcome.error.endswith("refused the devices: go away")
+    assert (outcome.ledger.spend > 0).all()  # every device answered round 1, and was charged for it
+
+
+@pytest.mark.asyncio
+async def test_a_hello_queued_behind_slow_verifications_waits_at_most_the_hello_timeout(monkeypatch) -> None:
+    """MACs are checked one Hello at a time: a Hello queued behind another's check is refused once it has
+    waited the hello timeout (``hello_timeout``) rather than holding its connection and its bytes for as long
+    as the queue takes (a flood of full-population Hellos held hundreds of MB)."""
+    monkeypatch.setattr(server_module.auth, "verify_hello", lambda *args: (time.sleep(1.0), False)[1])
+    sc = scenario()
+    settings = dataclasses.replace(FAST, secret=SECRET, hello_timeout=0.4)
+    server, _, _ = live.build_server(sc, Ledger(sc.devices), None, settings)
+    port = await server.start(HOST, 0)
+    try:
+        async def knock():
+            reader, writer = await connect(port)
+            challenge = await read_frame(reader)
+            writer.write(hello([1, 2, 3], mac=b"\0" * 32, round_=challenge.round))
+            await writer.drain()
+            return await closed_by_server(reader, timeout=5)
+
+        first = asyncio.ensure_future(knock())
+        await asyncio.sleep(0.1)  # the first Hello's check has begun
+        assert await knock() and await first
+    finally:
+        await server.close()
+    assert server.drops == {"auth": 1, "hello_timeout": 1}, server.drops
+
+
+@pytest.mark.asyncio
+async def test_a_collector_that_no_device_reached_says_which_connections_it_dropped() -> None:
+    """serve with no device registered at the startup timeout fails with one line; peers that did connect and
+    were dropped (here one sending garbage) are named in it, not lost."""
+    sc = scenario()
+    server, _, _ = live.build_server(sc, Ledger(sc.devices), None, dataclasses.replace(FAST, startup_timeout=0.5))
+    port = await server.start(HOST, 0)
+    try:
+        await send_and_expect_close(port, frame(b"\xc1garbage"))
+        with pytest.raises(ConnectionError, match=r"nothing to collect \(connections dropped: malformed 1\)$"):
+            await server.run()
+    finally:
+        await server.close()
+
+
+def test_serve_warns_of_rounds_that_closed_without_a_report(tmp_path, monkeypatch, capsys) -> None:
+    """`ldpsim serve` whose rounds got no report (devices that always answered too late) says how many, above
+    its last line, instead of only "mean |error| n/a"."""
+    from scenarios import cli
+
+    async def no_reports(sc, *args, **kwargs):
+        result = runner.run(sc)
+        result.extra["live"] = {"dropped": {}}
+        return result
+
+    monkeypatch.setattr(live, "serve", no_reports)
+    argv = ["serve", "quickstart", "--port", "0", "--quiet", "--out", str(tmp_path / "srv"), "--set",
+            "population.devices=200", "--set", "rounds=3", "--set", "network.loss=0.9999999"]
+    assert cli.main(argv) == 0
+    err = capsys.readouterr().err
+    assert "ldpsim: warning: 3 of 3 rounds closed without a report" in err, err

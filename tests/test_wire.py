@@ -317,6 +317,7 @@ def test_malformed_raises_wire_error_naming_the_problem(data, problem):
     with pytest.raises(WireError) as info:
         decode(data)
     assert problem in str(info.value)
+    assert not str(info.value).rstrip().endswith(":"), info.value  # a reason, not "not valid msgpack: "
 
 
 def test_malformed_cases_are_otherwise_valid():
