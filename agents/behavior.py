@@ -457,6 +457,45 @@ def _parameters(target: Callable[..., Any]) -> tuple[list[str], list[str], bool,
     return names, required, any(p.kind == p.VAR_KEYWORD for p in ps), defaults
 
 
+_SCALARS: dict[type, str] = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}
+
+
+def _declared_types(target: Callable[..., Any], defaults: dict[str, Any]) -> dict[str, tuple[type, ...]]:
+    """The scalar types each parameter of a behavior accepts, from its annotations (``int``, ``float``,
+    ``bool``, ``str``, any of them ``| None``) or, unannotated, from a scalar default's type; a parameter
+    declared otherwise (a list, a table, Any) is not listed (its values are the behavior's to check)."""
+    import types
+    import typing
+
+    try:
+        hints = typing.get_type_hints(target.__init__ if inspect.isclass(target) else target)
+    except Exception:  # an annotation that does not resolve: nothing to check by
+        hints = {}
+    out: dict[str, tuple[type, ...]] = {}
+    for name in set(hints) | set(defaults):
+        hint = hints.get(name)
+        if hint is None:
+            default = defaults.get(name)
+            kinds: tuple[Any, ...] = (type(default),) if type(default) in _SCALARS else ()
+        else:
+            union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+            kinds = tuple(a for a in typing.get_args(hint) if a is not type(None)) if union else (hint,)
+        if kinds and all(k in _SCALARS for k in kinds):
+            out[name] = kinds
+    return out
+
+
+def _fits(v: Any, kinds: tuple[type, ...]) -> bool:
+    """Whether a TOML value is of one of ``kinds`` (an integer counts as a number; a boolean is no number)."""
+    if v is None:
+        return True
+    if isinstance(v, bool):
+        return bool in kinds
+    if isinstance(v, int):
+        return int in kinds or float in kinds
+    return any(isinstance(v, k) for k in kinds if k is not bool and k is not int)
+
+
 def _toml_value(v: Any) -> bool:
     """Whether ``v`` is a value TOML (and scenario.json) can hold: what a run directory can record."""
     if isinstance(v, bool | int | str):
@@ -492,7 +531,8 @@ class Step:
         else:
             raise BehaviorError("", f"must be a name or a function, got {spec!r}")
         params = dict(params or {})
-        names, required, var_kw, _ = _parameters(target)
+        names, required, var_kw, defaults = _parameters(target)
+        declared = _declared_types(target, defaults)
         for key, v in params.items():
             if not isinstance(key, str):
                 raise BehaviorError(str(key), "parameter names must be strings")
@@ -501,11 +541,16 @@ class Step:
                                          f"{', '.join(names) if names else 'none'})")
             if not _toml_value(v):
                 raise BehaviorError(key, f"must be a TOML value (number, string, boolean, array or table), got {v!r}")
+
         for key in required:
             if key not in params:
                 raise BehaviorError(key, f"required parameter of {name}")
         step = cls(name, target, params)
-        step.start()  # a class checks its parameters' values now
+        step.start()  # a class checks its parameters' values now (with its own words), ...
+        for key, v in params.items():  # ... and every parameter's type is the one it declares
+            if key in declared and not _fits(v, declared[key]):
+                raise BehaviorError(key, f"must be {' or '.join(_SCALARS[k] for k in declared[key])} "
+                                         f"(as {name} declares it), got {v!r}")
         return step
 
     def start(self) -> Callable[..., Any]:

@@ -56,6 +56,11 @@ class ProtocolError(ValueError):
     column...). Runtimes count it against the peer and carry on."""
 
 
+class DefinitionError(ValueError):
+    """A protocol class that declares what no runtime can run (a report column of a dtype the wire does not
+    carry, say): the plugin author's to fix; the command line says it in one line."""
+
+
 class MisuseError(ValueError):
     """Local misuse, a programming error in the runtime or a test, never a peer's doing: rounds that do not
     increase, closing a round that is not open, a snapshot with a stage open, days observed out of order,

@@ -17,8 +17,9 @@ from numpy.typing import DTypeLike
 
 from protocols import snapshot as snap
 from protocols import transcript as canonical
-from protocols.base import Estimate, MisuseError, ProtocolError, RoundResult
+from protocols.base import DefinitionError, Estimate, MisuseError, ProtocolError, RoundResult
 from protocols.messages import CollectionRequest, ReportBatch
+from protocols.wire import WIRE_DTYPES
 
 SPILL_BYTES = 256 << 20  # in-memory transcript beyond which round records go to ``ReportCollector.spill``
 
@@ -37,6 +38,16 @@ class Column:
     width: int = 1
     low: float | None = None
     high: float | None = None
+
+    def __post_init__(self) -> None:
+        try:
+            dtype: np.dtype | None = np.dtype(self.dtype).newbyteorder("<")
+        except TypeError:
+            dtype = None
+        if dtype not in WIRE_DTYPES:
+            shown = dtype.name if dtype is not None else repr(self.dtype)
+            raise DefinitionError(f"report column {self.name!r}: dtype {shown} does not travel on the wire "
+                                  f"(one of {', '.join(sorted(d.str[1:] for d in WIRE_DTYPES))}; u1 for bits)")
 
     def check(self, col: np.ndarray) -> np.ndarray:
         want = np.dtype(self.dtype)

@@ -66,6 +66,8 @@ DTYPES: dict[int, tuple[str, np.dtype | None]] = {
     7: ("f8", np.dtype("<f8")),
 }
 _CODE_OF = {np.dtype(dt): code for code, (_, dt) in DTYPES.items() if dt is not None}
+#: the dtypes a report column may have (little-endian; bits travel as u1 marked with :func:`bits`)
+WIRE_DTYPES = frozenset(_CODE_OF)
 
 
 class WireError(ValueError):

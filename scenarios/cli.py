@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from agents.behavior import BehaviorError
+from protocols.base import DefinitionError
 from protocols.guard import BudgetOverrun
 from scenarios import allocator, jsonout, resources
 from scenarios.schema import ScenarioError, load
@@ -744,6 +745,9 @@ def _command(args: argparse.Namespace) -> int:
     except BudgetOverrun as exc:  # a device side (a plugin's) that charged past the budget: stopped, not sent
         print(f"ldpsim: error: privacy: {exc}", file=sys.stderr)
         return 1
+    except DefinitionError as exc:  # a protocol class declaring what no runtime can run
+        print(f"ldpsim: error: protocol: {exc}", file=sys.stderr)
+        return 2
     except NotImplementedError as exc:  # a plugin's device or collector side without a method it must define
         print(f"ldpsim: error: protocol: {exc or 'a method'} is not implemented: a protocol's device or collector "
               f"side must define it (README: Writing a protocol)", file=sys.stderr)

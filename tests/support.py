@@ -143,3 +143,21 @@ class NoEstimateKFlip(KFlipParams):
         collector = super().make_collector(n_devices)
         collector.estimate = functools.partial(ReportCollector.estimate, collector)  # the base class's: none
         return collector
+
+
+class Uint16KFlip(KFlipParams):
+    """k-ary randomized response whose collector declares a uint16 report column, a dtype the wire does not
+    carry: a one-line error, not a traceback from the encoder. ``tests.support:Uint16KFlip``."""
+
+    @classmethod
+    def from_table(cls, name, table, ctx):  # type: ignore[no-untyped-def]
+        return super().from_table("uint16kflip", table, ctx)
+
+    def make_collector(self, n_devices: int):  # type: ignore[no-untyped-def]
+        import numpy as np
+
+        from protocols.collecting import Column
+
+        collector = super().make_collector(n_devices)
+        collector.columns = (Column("y", np.uint16, high=self.buckets - 1),)
+        return collector

@@ -352,6 +352,13 @@ def test_ldpsim_live_with_a_users_behavior_module_equals_the_simulator(tmp_path:
     ({"behavior": lambda day, ids, value: value}, r"^population\.groups\[0\]\.behavior: .*no importable name"),
     ({"behavior": weekend_dip, "params": {"weekend": object()}},
      r"^population\.groups\[0\]\.params\.weekend: must be a TOML value"),
+    # a user's behavior, by the types it declares (a string where it takes a number ran with no effect)
+    ({"behavior": weekend_dip, "params": {"weekend": "0.2"}},
+     r"^population\.groups\[0\]\.params\.weekend: must be a number \(as .*weekend_dip declares it\), got '0\.2'$"),
+    ({"behavior": weekend_dip, "params": {"first": 2.5}},
+     r"^population\.groups\[0\]\.params\.first: must be an integer \(as .*weekend_dip declares it\), got 2\.5$"),
+    ({"behavior": weekend_dip, "params": {"weekend": True}},
+     r"^population\.groups\[0\]\.params\.weekend: must be a number .* got True$"),
     ({"behavior": wrong_shape}, r"^population\.groups\[0\]\.behavior: behavior .*wrong_shape returned shape \(1,\) "
                                 r"for 3 devices in round 1 \(a trial call on 3 devices\)$"),
     ({"behavior": raises}, r"^population\.groups\[0\]\.behavior: behavior .*raises failed in round 1: "

@@ -682,3 +682,14 @@ def test_a_protocol_class_that_names_itself_with_its_class_path_is_refused(tmp_p
     code = main(["run", "quickstart", "--out", str(tmp_path / "r"), "--set", table, "--quiet"])
     assert code == 2
     assert "protocol.name: 'protocols.baselines:KFlipParams' made a parameter object named" in capsys.readouterr().err
+
+
+def test_a_report_column_of_a_dtype_the_wire_cannot_carry_is_one_line(tmp_path, capsys):
+    """A plugin collector declaring Column("y", np.uint16): the run stops at the start with one line naming
+    the column and the dtypes that travel, exit 2 (it was a traceback from msgpack's encoder mid-run)."""
+    table = 'protocol={name = "tests.support:Uint16KFlip", epsilon = 1.0, max_value = 86400, buckets = 8}'
+    assert main(["run", "quickstart", "--out", str(tmp_path / "r"), "--set", table, "--set",
+                 "population.devices=200", "--set", "rounds=2", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines()[-1] == ("ldpsim: error: protocol: report column 'y': dtype uint16 does not travel on the "
+                                    "wire (one of f4, f8, i4, i8, u1, u4, u8; u1 for bits)"), err
