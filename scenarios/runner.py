@@ -265,11 +265,20 @@ class RoundBook:
         if self.kind == "epoch" or self.world.counters is not None:  # several counters: values() computes them
             return
         values, _ = self.world.values(self.all_ids)
-        self._ahead = (self.world.day, int(reports), submit(functools.partial(self._figures, values, reports)))
+        present = self.world.present(self.all_ids)
+        self._ahead = (self.world.day, int(reports),
+                       submit(functools.partial(self._figures, values, present, reports)))
 
-    def _figures(self, values: np.ndarray, reports: int) -> tuple[Any, Any]:
-        """The round's truth and the estimate's theoretical sd for ``reports`` reports (NaN for none)."""
+    def _figures(self, values: np.ndarray, present: np.ndarray | None, reports: int) -> tuple[Any, Any]:
+        """The round's truth and the estimate's theoretical sd for ``reports`` reports (NaN for none), both of
+        the devices present that day (``present``; None: everyone): the reports estimate their figure, not
+        that of devices yet to join or gone. NaN (of the truth's shape) when none is present."""
         protocol = self.sc.protocol
+        if present is not None:
+            if not present.any():
+                nan = np.full_like(np.asarray(protocol.truth(values[:1]), dtype=np.float64), np.nan)
+                return (float(nan) if nan.ndim == 0 else nan), math.nan
+            values = values[present]
         return protocol.truth(values), protocol.estimate_sd(values, reports) if reports else math.nan
 
     def _drop_ahead(self) -> None:
@@ -283,8 +292,10 @@ class RoundBook:
     def advance_day(self, day: int) -> None:
         for change in self.world.advance_to(day):
             self.log.info("behavior_change", round=day, group=change.group, fraction=change.fraction)
-        if self.kind == "epoch":
-            self._levels.append(float(self.world.levels.mean()))
+        if self.kind == "epoch":  # the day's mean probability over the devices present (NaN: none is)
+            present = self.world.present(self.all_ids)
+            levels = self.world.levels if present is None else self.world.levels[present]
+            self._levels.append(float(levels.mean()) if levels.size else math.nan)
 
     def before_collect(self, t: int) -> None:
         """The protocol's reference figures for collection t from the true values (its ``before_collect``
@@ -296,13 +307,15 @@ class RoundBook:
         sc, kind = self.sc, self.kind
         result.info.update(self._before)
         values, clipped = self.world.values(self.all_ids)
+        present = self.world.present(self.all_ids)
         if self.true_values is not None and 1 <= t <= self.true_values.shape[1]:
-            present = self.world.present(self.all_ids)
             self.true_values[:, t - 1] = values if present is None else np.where(present, values, np.nan)
         if kind == "epoch":
-            truth = float(np.mean(self._levels))
+            days = np.array(self._levels)  # each day's mean over the devices present
+            truth = float(days[~np.isnan(days)].mean()) if not np.isnan(days).all() else math.nan
             self._levels.clear()
-            sd = sc.protocol.estimate_sd(self.world.levels, result.reports) if result.reports else math.nan
+            levels = self.world.levels if present is None else self.world.levels[present]
+            sd = sc.protocol.estimate_sd(levels, result.reports) if result.reports and levels.size else math.nan
         else:
             ahead = self._ahead
             self._drop_ahead()  # a job not started yet (the side thread busy) is cancelled: computed here instead
@@ -310,7 +323,7 @@ class RoundBook:
                     and not getattr(ahead[2], "cancelled", lambda: False)():
                 truth, sd = ahead[2].result()
             else:
-                truth, sd = self._figures(values, result.reports)
+                truth, sd = self._figures(values, present, result.reports)
         rec = RoundRecord(t, now, truth, result.estimate, result.reports, clipped, sd, result.info)
         self.records.append(rec)
         spend = self.ledger.close_round(t, now)

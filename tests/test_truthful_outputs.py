@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 
 from scenarios import cli, jsonout, output, runner, schema
@@ -147,3 +148,31 @@ def test_1bitmean_ignores_a_granularity_out_loud_and_does_not_state_it() -> None
     params = output.summary(runner.run(sc))["parameters"]
     assert params["granularity"] is None and "warnings" not in params
     assert not schema.load("app_usage_31d", ["population.devices=300"]).warnings  # 1bitrrpm rounds by it
+
+
+@pytest.mark.parametrize("protocol", ["1bitrrpm", "dbitflippm"])
+def test_with_churn_the_truth_is_that_of_the_devices_present(protocol: str) -> None:
+    """The light group (70%) joins in round 3: in rounds 1-2 only the heavy users report, so the estimate is
+    of their mean and the truth must be too (it was the whole population's, a bias of ~1.5x the mean that the
+    error figures blamed on the protocol). The truth equals the mean of the present devices' true values, and
+    every round's estimate is within 4 theoretical sd of it; with nobody present the truth is NaN, not the
+    absent population's figure."""
+    table = ("protocol={name=\"1bitrrpm\", epsilon=1, max_value=86400, granularity=3600}" if protocol == "1bitrrpm"
+             else "protocol={name=\"dbitflippm\", epsilon=1, max_value=86400, buckets=8, bits=2}")
+    sc = schema.load("quickstart", [table, "population.devices=20000", "rounds=4", "population.groups.0.joins=3",
+                                    "analysis.attacks=true", "network.loss=0"])
+    result = runner.run(sc)
+    assert result.true_values is not None
+    for r in result.rounds:
+        present = result.true_values[:, r.round - 1]
+        present = present[~np.isnan(present)]
+        if protocol == "1bitrrpm":
+            assert present.size == (6000 if r.round < 3 else 20000) and r.truth == pytest.approx(present.mean())
+        else:
+            np.testing.assert_allclose(r.truth, np.histogram(np.minimum(present, 86400 - 1e-9), bins=8,
+                                                            range=(0, 86400))[0] / present.size)
+        assert np.all(np.abs(np.asarray(r.estimate) - r.truth) <= 4 * np.asarray(r.sd_theory)), r
+    nobody = runner.run(schema.load("quickstart", [table, "population.devices=500", "rounds=3",
+                                                   "population.groups.0.joins=3", "population.groups.1.joins=3"]))
+    assert all(np.all(np.isnan(np.asarray(r.truth))) for r in nobody.rounds[:2])
+    assert not np.any(np.isnan(np.asarray(nobody.rounds[2].truth)))
