@@ -265,10 +265,16 @@ def _group_behaviors(groups: list[Group], raw_groups: list[Any], changes: list[C
             raise ScenarioError(f"{where}.behavior: behaviors shape counter values; this group's counter is "
                                 "bernoulli (private bits)")
         ids = np.arange(3, dtype=np.int64)
-        try:  # one trial round on a few devices, with a fresh copy
-            bh.bind(seed, i, max_value).apply(1, ids, np.ones(ids.size))
+        base = np.array([0.25, 0.5, 0.75]) * max_value
+        try:  # one trial round on a few devices, with a fresh copy, twice: the same answer, or it is not repeatable
+            first, again = (bh.bind(seed, i, max_value).apply(1, ids, base.copy()) for _ in range(2))
         except behaviors.BehaviorError as exc:
             raise ScenarioError(f"{where}.behavior: {exc.message} (a trial call on {ids.size} devices)") from None
+        if not np.array_equal(first, again):
+            raise ScenarioError(f"{where}.behavior: two trial calls on the same devices, round and values returned "
+                                f"different values: a behavior draws its randomness from day.keys (keyed by seed, "
+                                f"device and round), never from an unkeyed generator, so that a run can be repeated "
+                                f"and audited")
         names = [s.name for s in bh.steps]
         if any(n.startswith("__main__:") for n in names):
             warnings.append(f"{where}.behavior: {', '.join(n for n in names if n.startswith('__main__:'))} lives "

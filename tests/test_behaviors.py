@@ -401,3 +401,19 @@ def test_a_behavior_failing_mid_run_is_a_one_line_error(tmp_path, monkeypatch, c
     assert err[-1].startswith("ldpsim: error: behavior: population.groups[0].behavior: behavior explodes_late")
     assert "round 3" in err[-1] and "boom" in err[-1]
     assert not any("Traceback" in line for line in err)
+
+
+def unkeyed_noise(day: Day, ids: np.ndarray, value: np.ndarray) -> np.ndarray:
+    """A behavior drawing from numpy's global generator: not a function of (seed, device, round)."""
+    return value * np.random.default_rng().uniform(0.5, 1.5, ids.size)
+
+
+def test_a_behavior_with_unkeyed_randomness_is_refused_at_load() -> None:
+    """Two runs of a behavior that draws from an unkeyed generator differ (different transcript digests), which
+    only an audit with --allow-code caught, as report mismatches with no hint of the cause. Two trial calls on
+    the same input at load tell it, in one line naming day.keys."""
+    _, data = schema.read("quickstart")
+    data["population"]["groups"][0]["behavior"] = unkeyed_noise
+    with pytest.raises(schema.ScenarioError, match=r"^population\.groups\[0\]\.behavior: two trial calls on the same "
+                                                   r"devices, round and values returned different values: .*day\.keys"):
+        schema.parse(data)
