@@ -356,7 +356,8 @@ def _write_estimates(result: RunResult, out: Path, seconds: dict[str, float] | N
            (est - truth).ravel(), sd.ravel(), np.repeat(reports, k), np.repeat(clipped, k),
            *([v for v in column for _ in range(k)] for column in extra)])  # a round's own figures on each bucket
     per_round = [round_metrics("histogram", t, e, width) for t, e in zip(truth, est)]
-    title = (f"{sc.name}: {sc.protocol.name}, k = {k}, d = {getattr(sc.protocol, 'bits', 1)}, "
+    bits = getattr(sc.protocol, "bits", None)  # dBitFlip's d; a protocol without one shows none
+    title = (f"{sc.name}: {sc.protocol.name}, k = {k}{'' if bits is None else f', d = {bits}'}, "
              f"ε = {sc.protocol.epsilon:g}, n = {sc.devices:,}")
     draw("histogram_plot", rounds, per_round, truth, est, sd, width, title, changed)
 

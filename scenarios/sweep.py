@@ -738,7 +738,7 @@ def execute(sweep: Sweep, out: Path, force: bool = False, quiet: bool = False,
         results = run_jobs(jobs, workers)
     from tqdm import tqdm
 
-    bar = tqdm(total=len(jobs), unit="run", desc="sweep", file=sys.stderr, dynamic_ncols=True, disable=quiet)
+    bar = tqdm(total=len(jobs), unit="run", desc="sweep", file=sys.stderr, dynamic_ncols=True, disable=quiet or not jobs)
     finished = failed = 0
     failed_file = None
     try:
@@ -972,6 +972,9 @@ def plot_figures(sweep: Sweep, header: list[str], rows: list[dict[str, Any]], ou
                 groups[tuple(row[k] for k in others)][xindex[row[xkey]]].append(float(row[col]))
         if not groups:
             continue
+        count = col == "error_rounds_without_estimate"  # a count, not an error
+        if count and not any(v for by_x in groups.values() for ys in by_x.values() for v in ys):
+            continue  # every run estimated every round: a flat line at 0 says nothing (results.csv has it)
         fig, ax = plt.subplots(figsize=(8, 5))
         for combo in sorted(groups, key=lambda c: [order[k][lab] for k, lab in zip(others, c)]):
             by_x = groups[combo]
@@ -992,6 +995,8 @@ def plot_figures(sweep: Sweep, header: list[str], rows: list[dict[str, Any]], ou
                           if max(map(len, xlabels)) > 12 else "center", fontsize=8)
         ax.set_xlabel(xkey)
         ax.set_ylabel(error_axis(col, kinds))
+        if count:
+            ax.set_ylim(bottom=0)
         ax.set_title(f"{sweep.name}: {col} (mean ± 1 s.e. over {sweep.repeat} repetition"
                      f"{'s' if sweep.repeat != 1 else ''}{held})", fontsize=10)
         if len(others) > len(fixed):

@@ -76,3 +76,17 @@ def test_round_and_epoch_axes_are_ticked_at_whole_numbers(tmp_path, monkeypatch)
     compare.compare(schema.load("thresh_stable", ["population.devices=300", "rounds=21"]), tmp_path / "cmp")
     assert len(ticks) >= 5 and all(t and all(float(x).is_integer() for x in t) for t in ticks), ticks
     assert max(max(t) for t in ticks[:-1]) <= 3, ticks
+
+
+def test_a_histogram_title_names_d_only_for_a_protocol_that_has_one(tmp_path, monkeypatch) -> None:
+    """dBitFlip's pictures say d (bits per report); k-ary randomized response has no d and said "d = 1"."""
+    from scenarios import output, plots, runner, schema
+
+    titles: list[str] = []
+    monkeypatch.setattr(plots, "histogram_plot", lambda *args: titles.append(args[7]))
+    for table in ('protocol={name="kflip", epsilon=1, max_value=86400, buckets=6}',
+                  'protocol={name="dbitflippm", epsilon=1, max_value=86400, buckets=6, bits=2}'):
+        result = runner.run(schema.load("quickstart", [table, "population.devices=300", "rounds=2"]))
+        output.write_run_dir(result, tmp_path / str(len(titles)), painter=None)
+    assert "k = 6, ε = 1" in titles[0] and "d =" not in titles[0], titles
+    assert "k = 6, d = 2, ε = 1" in titles[1], titles
