@@ -738,7 +738,8 @@ def execute(sweep: Sweep, out: Path, force: bool = False, quiet: bool = False,
         results = run_jobs(jobs, workers)
     from tqdm import tqdm
 
-    bar = tqdm(total=len(jobs), unit="run", desc="sweep", file=sys.stderr, dynamic_ncols=True, disable=quiet or not jobs)
+    bar = tqdm(total=len(jobs), unit="run", desc="sweep", file=sys.stderr, dynamic_ncols=True,
+               disable=quiet or not jobs)
     finished = failed = 0
     failed_file = None
     try:
