@@ -81,7 +81,7 @@ def _plot(path: Path, epochs, truth, results, sc: Scenario) -> None:
     import matplotlib.pyplot as plt
 
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 7), sharex=True, height_ratios=(2, 1))
-    top.plot(epochs, truth, color="black", lw=2, label="truth")
+    top.step(epochs, truth, where="post", color="black", lw=2, label="truth (an epoch's p^t)")
     top.plot(epochs, [r.estimate for r in results["naive"].rounds], ".", color="tab:grey", ms=4,
              label=f"naive per-epoch RR (ε/T = {results['naive'].scenario.protocol.round_epsilon:.3g} each)")
     name = sc.protocol.name
