@@ -34,6 +34,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import math
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -584,8 +585,11 @@ def draw(rows: Sequence[Row], path: Path) -> None:
         claim = r.claimed if r.claimed is not None and math.isfinite(r.claimed) else top
         ax.bar(i, claim, width=0.6, color="none", edgecolor="tab:gray", hatch="//" if claim == top else None,
                label="claimed (ledger or worst case)" if i == 0 else None)
-        ax.bar(i, lb, width=0.35, color="tab:blue", label="eps_lb (99% lower bound)" if i == 0 else None)
-        ax.annotate(f"{lb:.2f}", (i + 0.18, lb), ha="left", va="bottom", fontsize=7)
+        over = r.exceeds  # a lower bound above the claim: the protocol leaks more than it says
+        ax.bar(i, lb, width=0.35, color="tab:red" if over else "tab:blue",
+               label="eps_lb (99% lower bound)" if i == 0 else None)
+        ax.annotate(f"{lb:.2f}" + ("\nEXCEEDS CLAIM" if over else ""), (i + 0.18, lb), ha="left", va="bottom",
+                    fontsize=7, color="tab:red" if over else "black", fontweight="bold" if over else "normal")
         if r.eps_hat is not None and math.isfinite(r.eps_hat):
             ax.plot(i, r.eps_hat, "o", color="tab:red", label="eps_hat (point estimate)" if i == 0 else None)
     ax.set_xticks(x, [f"{r.game}\n({r.rounds} rd)" for r, _ in shown], fontsize=8)
@@ -642,7 +646,9 @@ def main(target: str, trials: int, rounds: int, as_json: bool, out: str | None, 
                                 f"nor a scenario file or shipped scenario name") from None
     say = None if (as_json or quiet) else (lambda msg: print(f"auditing {msg}", file=sys.stderr, flush=True))
     rows = audit(target, trials, rounds, seed, overrides, say)
-    label = Path(target).stem if target.endswith(".toml") else target.replace("/", "_")  # a file: its name
+    # a file: its name without the suffix; a protocol or module:Class: itself; only [A-Za-z0-9._-] in a folder name
+    label = Path(target).stem if target.endswith((".toml", ".json")) else target
+    label = re.sub(r"[^A-Za-z0-9._-]+", "_", label).strip("._") or "target"
     folder = Path(out) if out else Path("runs") / f"privacy-audit-{label}-{time.strftime('%Y%m%d-%H%M%S')}"
     write(rows, folder)
     if as_json:

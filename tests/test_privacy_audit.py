@@ -276,3 +276,41 @@ def test_a_set_protocol_name_audits_and_labels_that_protocol(tmp_path, capsys) -
     fresh = load("quickstart", ["protocol.name=1bitmean"]).protocol
     assert two["claimed"] == pytest.approx(2 * fresh.round_epsilon)  # fresh reports: two rounds, two charges
     assert (out / "1bitmean.png").is_file() and not (out / "1bitrrpm.png").exists()
+
+
+def test_the_default_folder_of_a_module_class_target_is_a_plain_name(tmp_path, monkeypatch) -> None:
+    """A `module:Class` target, or a run's scenario.json, named the folder with its ':' and path
+    (runs/privacy-audit-_tmp_x_scenario.json-<time>): only letters, digits, '.', '_' and '-' now."""
+    from pathlib import Path
+
+    monkeypatch.chdir(tmp_path)
+    target = str(Path(__file__).resolve().parent.parent / "scenarios" / "quickstart.toml")
+    run = tmp_path / "run"
+    assert main(["run", target, "--set", "population.devices=200", "--set", "rounds=2", "--out", str(run),
+                 "--quiet"]) == 0
+    assert main(["privacy-audit", str(run / "scenario.json"), "--trials", "100", "--rounds", "1", "--quiet"]) in (0, 1)
+    (folder,) = (tmp_path / "runs").iterdir()
+    assert folder.name.startswith("privacy-audit-scenario-"), folder.name
+    import re
+
+    assert re.fullmatch(r"[A-Za-z0-9._-]+", folder.name), folder.name
+
+
+def test_the_picture_flags_a_lower_bound_above_its_claim(tmp_path, monkeypatch) -> None:
+    """The exit code and the table said EXCEEDS CLAIM; the picture drew the offending bar like every other one.
+    It is now red and annotated."""
+    import matplotlib.axes
+
+    from scenarios import privacy_audit as pa
+
+    notes: list[tuple[str, str]] = []
+    real = matplotlib.axes.Axes.annotate
+    monkeypatch.setattr(matplotlib.axes.Axes, "annotate",
+                        lambda ax, text, xy, **kw: (notes.append((text, kw.get("color"))), real(ax, text, xy, **kw))[1])
+
+    def row(game: str, lb: float) -> pa.Row:
+        return pa.Row("p", game, 1, 0.5, "ledger", 0.5, lb + 0.1, lb, lb + 0.2, None, None, None, None, 100, 100,
+                      "exact", "honest", 0.1, None)
+
+    pa.draw([row("ok", 0.3), row("leaky", 0.9)], tmp_path / "p.png")
+    assert notes == [("0.30", "black"), ("0.90\nEXCEEDS CLAIM", "tab:red")], notes
