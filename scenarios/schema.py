@@ -502,6 +502,10 @@ def resolve_path(spec: str) -> Path:
     p = Path(spec)
     if p.is_file():
         return p
+    if p.is_dir():
+        inside = p / "scenario.json"
+        hint = f"; a run directory's scenario is {inside}" if inside.is_file() else ""
+        raise ScenarioError(f"scenario {spec!r}: a directory, not a scenario file{hint}")
     for candidate in (SHIPPED / spec, SHIPPED / f"{spec}.toml"):
         if candidate.is_file():
             return candidate

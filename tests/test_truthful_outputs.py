@@ -176,3 +176,16 @@ def test_with_churn_the_truth_is_that_of_the_devices_present(protocol: str) -> N
                                                    "population.groups.0.joins=3", "population.groups.1.joins=3"]))
     assert all(np.all(np.isnan(np.asarray(r.truth))) for r in nobody.rounds[:2])
     assert not np.any(np.isnan(np.asarray(nobody.rounds[2].truth)))
+
+
+def test_a_run_directory_given_as_a_scenario_points_at_its_scenario_json(tmp_path) -> None:
+    """`ldpsim run RUN_DIR` said "no such file (nor a shipped scenario of that name)", wrong for a directory."""
+    run = tmp_path / "run"
+    assert cli.main(["run", "quickstart", "--set", "population.devices=200", "--set", "rounds=1", "--out", str(run),
+                     "--quiet"]) == 0
+    with pytest.raises(schema.ScenarioError, match=r"a directory, not a scenario file; a run directory's scenario is "
+                                                   r".*run/scenario\.json$"):
+        schema.load(str(run))
+    with pytest.raises(schema.ScenarioError, match=r"a directory, not a scenario file$"):
+        schema.load(str(tmp_path))
+    assert schema.load(str(run / "scenario.json")).devices == 200
