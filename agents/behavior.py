@@ -541,7 +541,6 @@ class Step:
                                          f"{', '.join(names) if names else 'none'})")
             if not _toml_value(v):
                 raise BehaviorError(key, f"must be a TOML value (number, string, boolean, array or table), got {v!r}")
-
         for key in required:
             if key not in params:
                 raise BehaviorError(key, f"required parameter of {name}")

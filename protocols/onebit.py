@@ -141,7 +141,7 @@ class OneBitParams:
         """[protocol] keys: epsilon, max_value, granularity (1bitrrpm; it must divide max_value), gamma."""
         epsilon = config.epsilon(table)
         max_value = config.max_value(table)
-        notes = []
+        notes: list[str] = []
         if name == NAIVE and "granularity" in table.data:  # e.g. a 1bitrrpm scenario run with --set protocol.name
             table.get("granularity", (int, float))
             notes.append(f"granularity is not used by {NAIVE} (it does not round; 1bitrrpm does), so it is ignored")

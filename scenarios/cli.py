@@ -453,7 +453,8 @@ def cmd_devices(args: argparse.Namespace) -> int:
         print(f"shard {index}/{count}: ledger -> {path} (ldpsim audit RUN_DIR --ledger {path} ...)", file=sys.stderr)
     spent = ledger.spend[ledger.spend > 0]
     guards = outcome.guards
-    print(f"shard {index}/{count}: {'done' if outcome.error is None else 'stopped'}; per-device spend (epsilon) max {spent.max() if spent.size else 0:.4g}; "
+    state = "done" if outcome.error is None else "stopped"
+    print(f"shard {index}/{count}: {state}; per-device spend (epsilon) max {spent.max() if spent.size else 0:.4g}; "
           f"reports refused for the budget {guards['refusals']:,}, collector messages ignored "
           f"{guards['ignored']:,} (per device), undecodable collector frames {outcome.rejected:,}")
     if outcome.error is not None:  # no collector there for the clients' whole patience, or one that will not

@@ -636,7 +636,10 @@ def _prepare(sweep: Sweep, out: Path, force: bool) -> None:
                 theirs = {}
             diff = differences(theirs if isinstance(theirs, dict) else {}, mine)  # not an object: another sweep
             if diff:
-                shrinks = set(diff) <= {"grid", "repeat", "seeds"}
+                try:  # this sweep is the directory's cut down (fewer repetitions or grid values)
+                    shrinks = set(diff) <= {"grid", "repeat", "seeds"} and extends(mine, theirs)
+                except (KeyError, TypeError, AttributeError):  # a damaged sweep.json: just another sweep
+                    shrinks = False
                 raise ScenarioError(f"--out {out}: holds a different sweep ({', '.join(diff)} differ"
                                     + ("; a sweep may be extended, with more repetitions or grid values, but not cut"
                                        " down: its finished runs would be dropped" if shrinks else "")
