@@ -102,7 +102,6 @@ class Connection:
     writer: asyncio.StreamWriter
     serial: int = 0  # > 0; the holder id of the devices it registered
     devices: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
-    acked: bool = False
     # stage messages written to it and not yet acknowledged: a client acknowledges each in turn (TCP keeps them
     # in order), so a late acknowledgement of an earlier stage does not close the one now open
     owed: int = 0
@@ -375,7 +374,7 @@ class LiveCollector:
             if len(msg) == 0 and not msg.columns:  # the client's acknowledgement of its oldest stage message
                 conn.owed = max(conn.owed - 1, 0)
                 if not conn.owed:  # the open stage's own (a late one of a stage before it closes nothing)
-                    conn.acked, conn.strikes = True, 0
+                    conn.strikes = 0
                     self._waiting.discard(conn)
                     self._check_acks()
                 return None
@@ -456,7 +455,6 @@ class LiveCollector:
             raise Refused("ids_held", f"{held} of the hello's {ids.size} devices are held by another connection")
         conn.hello = True
         conn.devices = ids
-        conn.acked = False
         self._waiting.add(conn)
         self._missing -= int(np.count_nonzero(self.registered[ids]))
         self.registered[ids] = True
@@ -497,8 +495,6 @@ class LiveCollector:
         # device and learns nothing of the run; it is sent the open stage's message when it registers
         targets = [c for c in self.connections if c.hello and c.ready and not c.verifying]
         stage = not isinstance(msg, End)  # every message but End is answered, then acknowledged
-        for conn in targets:
-            conn.acked = False
         self._waiting = {c for c in self.connections if c.devices.size}
         self._acked.clear()
         slow = []

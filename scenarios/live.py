@@ -201,7 +201,8 @@ def live_result(sc: Scenario, server: LiveCollector, book: RoundBook, ledger: Le
     network.traffic.messages_delivered = network.traffic.messages_sent
     live = {**server.live_summary(), "network_not_applied": ignored_network(sc)}
     return RunResult(sc, book.records, ledger, book.world, server, network, server.protocol.transcript_digest(),
-                     wall, device_rejected, extra={"dropped_connections": server.dropped, "runtime": "live", "live": live},
+                     wall, device_rejected,
+                     extra={"dropped_connections": server.dropped, "runtime": "live", "live": live},
                      true_values=book.true_values)
 
 

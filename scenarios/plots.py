@@ -66,7 +66,8 @@ def _close(fig: Figure) -> None:
 
 def estimates_plot(path: Path, rounds: np.ndarray, truth: np.ndarray, estimate: np.ndarray, sd: np.ndarray,
                    title: str, change_rounds: list[int], ylabel: str = "mean counter",
-                   truth_label: str = "truth (mean over the devices present)", band_label: str = "truth ± 1.96 sd (theory)"
+                   truth_label: str = "truth (mean over the devices present)",
+                   band_label: str = "truth ± 1.96 sd (theory)"
                    ) -> None:
     """Truth and estimate per round with the theory's ±1.96 sd band (none where ``sd`` is NaN), and the error
     below; ``ylabel`` and ``truth_label`` say what is estimated (a mean, or a sum for ToPL and ToPS)."""
