@@ -8,8 +8,9 @@ Importing the package imports none of its modules; import the one you need
 - ``runner``: a run in simulated time (SimPy); ``parallel``, ``ray_engine``: its cohorts in worker processes or
   Ray actors; ``pipes``: the msgpack frames the run's process exchanges with its child processes; ``live``,
   ``journal``: live runs over TCP and their crash-safe journals; ``jsonout``: strict JSON (no NaN, no Infinity);
-- ``output``, ``tables``, ``plots``, ``plot_process``, ``metrics``, ``accounting``: the run directory: summary,
-  tables, pictures (drawn by a process of their own for large runs), error metrics, (eps, delta) accounting;
+- ``output``, ``tables``, ``plots``, ``plot_process``, ``labels``, ``metrics``, ``accounting``: the run directory:
+  summary, tables, pictures (drawn by a process of their own for large runs) and their labels in the counters'
+  unit, error metrics, (eps, delta) accounting;
 - ``audit``: ``ldpsim audit``, replaying devices through protocols/reference.py's one-device models;
 - ``attacks``, ``privacy_audit``: what a curious collector learns, and empirical lower bounds on epsilon;
 - ``conformance``: the conformance kit every protocol (built in or a plugin) must pass, for test suites;
@@ -20,6 +21,6 @@ Importing the package imports none of its modules; import the one you need
 """
 
 __all__ = [
-    "accounting", "allocator", "attacks", "audit", "cli", "compare", "conformance", "journal", "jsonout", "live", "metrics", "output", "parallel",
+    "accounting", "allocator", "attacks", "audit", "cli", "compare", "conformance", "journal", "jsonout", "labels", "live", "metrics", "output", "parallel",
     "pipes", "plot_process", "plots", "privacy_audit", "ray_engine", "resources", "runner", "schema", "sweep", "sweep_worker", "tables",
 ]

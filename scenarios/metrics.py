@@ -48,11 +48,24 @@ ERROR_OF = {"mean": "of each round's mean counter, in the counter's units",
 
 
 
-def error_of(params: Any) -> str:
+def error_of(params: Any, unit: str | None = None) -> str:
     """What a protocol's error figures are errors of: its parameter class's ``error_of`` (a plugin's own
-    words), else :data:`ERROR_OF` by its kind of estimate."""
+    words), else :data:`ERROR_OF` by its kind of estimate, with ``unit`` (the scenario's [population] unit)
+    named in place of "the counter's units"."""
     own = getattr(params, "error_of", None)
-    return own if isinstance(own, str) and own else ERROR_OF.get(params.kind, "per estimated number")
+    if isinstance(own, str) and own:
+        return own
+    return in_unit(ERROR_OF.get(params.kind, "per estimated number"), unit)
+
+
+def in_unit(text: str, unit: str | None) -> str:
+    """``text`` (an :data:`ERROR_OF` or :data:`ERROR_FIGURES` phrase) with the counters' unit named where the
+    scenario gives one."""
+    if not unit:
+        return text
+    for vague in ("the counter's units", "the counters' units", "the value's units"):
+        text = text.replace(vague, unit)
+    return text
 
 
 #: each figure of summary.json's ``error`` in words (a sweep's plot axes)

@@ -28,6 +28,7 @@ from scenarios.metrics import error_summary, range_mse, range_queries, round_met
 from scenarios.runner import RunResult, bucket_width, protocol_parameters
 from scenarios import tables
 from scenarios import accounting, jsonout
+from scenarios.labels import with_unit
 from scenarios.tables import atomic_path
 
 if TYPE_CHECKING:
@@ -246,6 +247,7 @@ def summary(result: RunResult) -> dict:
         "runtime": result.extra.get("runtime", "simulated"),
         "devices": sc.devices,
         "rounds": sc.rounds,
+        "unit": sc.unit,  # what the counters count ([population] unit); None where the scenario does not say
         "cohort_size": sc.simulation.cohort_size,
         # how the device cohorts were answered (None: a live run, whose devices are processes of their own)
         "parallelism": result.extra.get("parallelism"),
@@ -325,16 +327,20 @@ def _write_estimates(result: RunResult, out: Path, seconds: dict[str, float] | N
         title = (f"{sc.name}: {sc.protocol.name} ({getattr(sc.protocol, 'method')}), ε = {sc.protocol.epsilon:g}, "
                  f"n = {sc.devices:,}")
         draw("estimates_plot", rounds, truth, est, sd, title, changed,
-             "sum of counters over devices", "truth (population sum)", "truth ± 1.96 sd (theory, upper bound)")
+             with_unit("sum of counters over devices", sc.unit), "truth (population sum)",
+             "truth ± 1.96 sd (theory, upper bound)", with_unit("estimate − truth", sc.unit))
         return
     if sc.protocol.kind == "mean":
         truth, est, sd = (_stack([getattr(r, f) for r in recs], None) for f in ("truth", "estimate", "sd_theory"))
         table(["round", "truth", "estimate", "error", "theory_sd", "reports", "clipped"],
               [rounds, truth, est, est - truth, sd, reports, clipped])
         title = f"{sc.name}: {sc.protocol.name}, ε = {sc.protocol.epsilon:g}, n = {sc.devices:,}"
-        label = getattr(sc.protocol, "estimate_label", None)  # a plugin's own words for what it estimates
+        label = getattr(sc.protocol, "estimate_label", None)  # a plugin's own words for what it estimates,
+        # which need not be in the counters' unit
+        unit = None if label else sc.unit
         draw("estimates_plot", rounds, truth, est, sd, title, changed,
-             *((str(label),) if label else ()))
+             str(label) if label else with_unit("mean counter", unit), "truth (mean over the devices present)",
+             "truth ± 1.96 sd (theory)", with_unit("estimate − truth", unit))
         return
     k = width_of(sc.protocol)
     if k is None:
@@ -347,7 +353,7 @@ def _write_estimates(result: RunResult, out: Path, seconds: dict[str, float] | N
         draw("counters_plot", rounds, truth, est, sd,
              f"{sc.name}: {sc.protocol.name}, c = {k}, ε = {sc.protocol.epsilon:g} per counter "
              f"(joint {sc.protocol.round_epsilon:.3g}), n = {sc.devices:,}",
-             changed)
+             changed, sc.unit)
         return
     width = bucket_width(sc.protocol)
     bucket = np.tile(np.arange(k), len(recs))
@@ -359,7 +365,7 @@ def _write_estimates(result: RunResult, out: Path, seconds: dict[str, float] | N
     bits = getattr(sc.protocol, "bits", None)  # dBitFlip's d; a protocol without one shows none
     title = (f"{sc.name}: {sc.protocol.name}, k = {k}{'' if bits is None else f', d = {bits}'}, "
              f"ε = {sc.protocol.epsilon:g}, n = {sc.devices:,}")
-    draw("histogram_plot", rounds, per_round, truth, est, sd, width, title, changed)
+    draw("histogram_plot", rounds, per_round, truth, est, sd, width, title, changed, sc.unit)
 
 
 TRANSCRIPT_AUTO_LIMIT = 50_000_000  # --transcript auto: transcript.parquet when devices x rounds is at most this

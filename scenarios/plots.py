@@ -19,6 +19,8 @@ matplotlib.use("Agg")
 from matplotlib.figure import Figure  # noqa: E402
 import numpy as np  # noqa: E402
 
+from scenarios.labels import with_unit  # noqa: E402
+
 
 def subplots(*args: Any, figsize: tuple[float, float], **kwargs: Any) -> tuple[Figure, Any]:
     """``plt.subplots(*args, figsize=..., **kwargs)`` without pyplot: a Figure (not registered with pyplot's
@@ -67,10 +69,11 @@ def _close(fig: Figure) -> None:
 def estimates_plot(path: Path, rounds: np.ndarray, truth: np.ndarray, estimate: np.ndarray, sd: np.ndarray,
                    title: str, change_rounds: list[int], ylabel: str = "mean counter",
                    truth_label: str = "truth (mean over the devices present)",
-                   band_label: str = "truth ± 1.96 sd (theory)"
+                   band_label: str = "truth ± 1.96 sd (theory)", error_label: str = "estimate − truth"
                    ) -> None:
     """Truth and estimate per round with the theory's ±1.96 sd band (none where ``sd`` is NaN), and the error
-    below; ``ylabel`` and ``truth_label`` say what is estimated (a mean, or a sum for ToPL and ToPS)."""
+    below; ``ylabel`` and ``truth_label`` say what is estimated (a mean, or a sum for ToPL and ToPS), ``ylabel``
+    and ``error_label`` in which unit (:func:`with_unit`)."""
     fig, (top, bottom) = subplots(2, 1, figsize=(9, 6), sharex=True, height_ratios=(3, 1.3))
     if np.isfinite(sd).any():
         top.fill_between(rounds, truth - 1.96 * sd, truth + 1.96 * sd, color="tab:blue", alpha=0.15,
@@ -86,7 +89,7 @@ def estimates_plot(path: Path, rounds: np.ndarray, truth: np.ndarray, estimate: 
     bottom.axhline(0, color="black", lw=0.8)
     bottom.fill_between(rounds, -1.96 * sd, 1.96 * sd, color="tab:blue", alpha=0.15)
     bottom.plot(rounds, estimate - truth, "o-", color="tab:red", ms=3, lw=1)
-    bottom.set_ylabel("estimate − truth")
+    bottom.set_ylabel(error_label)
     count_axis(bottom, "round")
     fig.tight_layout()
     save(fig, path)
@@ -135,15 +138,17 @@ MANY_BUCKETS = 64
 
 
 def histogram_plot(path: Path, rounds: np.ndarray, per_round: list[dict[str, float]], truth: np.ndarray,
-                   est: np.ndarray, sd: np.ndarray, width: float, title: str, change_rounds: list[int]) -> None:
-    """Per-round max bucket error and Wasserstein distance; the last round's histogram against the truth."""
+                   est: np.ndarray, sd: np.ndarray, width: float, title: str, change_rounds: list[int],
+                   unit: str | None = None) -> None:
+    """Per-round max bucket error and Wasserstein distance; the last round's histogram against the truth.
+    ``unit``: what the values count (the x axis and the Wasserstein distance are in it)."""
     fig, (top, bottom) = subplots(2, 1, figsize=(9, 7), height_ratios=(1, 1.3))
     top.plot(rounds, [m["max_abs"] for m in per_round], "o-", color="tab:red", ms=3, label="max bucket error")
     top.set_ylabel("max |ĥ(v) − h(v)|", color="tab:red")
     twin = top.twinx()
     twin.plot(rounds, [m["wasserstein"] for m in per_round], "s--", color="tab:blue", ms=3,
-              label="Wasserstein-1 (value units)")
-    twin.set_ylabel("W1 (clipped, renormalized)", color="tab:blue")
+              label=f"Wasserstein-1 ({unit or 'value units'})")
+    twin.set_ylabel(with_unit("W1, clipped and renormalized", unit), color="tab:blue")
     for r in change_rounds:
         top.axvline(r, color="grey", ls=":", lw=1)
     count_axis(top, "round")
@@ -167,7 +172,7 @@ def histogram_plot(path: Path, rounds: np.ndarray, per_round: list[dict[str, flo
                             step="post", color="tab:orange", alpha=0.3, lw=0, label="± 1.96 sd (theory)")
         bottom.step(edges, step(est[last]), where="post", color="tab:orange", lw=0.8, label="estimate")
     bottom.axhline(0, color="black", lw=0.8)
-    bottom.set_xlabel("value")
+    bottom.set_xlabel(with_unit("value", unit))
     bottom.set_ylabel("frequency")
     bottom.set_title(f"round {int(rounds[last])}, {k:,} buckets", fontsize=10)
     bottom.legend(loc="upper right", fontsize=8)
@@ -176,8 +181,9 @@ def histogram_plot(path: Path, rounds: np.ndarray, per_round: list[dict[str, flo
 
 
 def counters_plot(path: Path, rounds: np.ndarray, truth: np.ndarray, est: np.ndarray, sd: np.ndarray,
-                  title: str, change_rounds: list[int]) -> None:
-    """One panel: each counter's truth (line, with the ±1.96 sd band) and estimate (dots)."""
+                  title: str, change_rounds: list[int], unit: str | None = None) -> None:
+    """One panel: each counter's truth (line, with the ±1.96 sd band) and estimate (dots); ``unit``: what the
+    counters count."""
     fig, ax = subplots(figsize=(9, 5))
     for j in range(truth.shape[1]):
         color = f"C{j % 10}"
@@ -188,7 +194,7 @@ def counters_plot(path: Path, rounds: np.ndarray, truth: np.ndarray, est: np.nda
     for r in change_rounds:
         ax.axvline(r, color="grey", ls=":", lw=1)
     count_axis(ax, "round")
-    ax.set_ylabel("mean counter")
+    ax.set_ylabel(with_unit("mean counter", unit))
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()

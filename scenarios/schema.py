@@ -80,6 +80,7 @@ class Scenario:
     behavior: str = "honest"  # [collector] behavior
     attacks: bool = False  # [analysis] attacks: attack metrics in the run directory (scenarios/attacks.py)
     attacks_why: str = ""  # why they are on or off (explicit, or the size rule)
+    unit: str | None = None  # [population] unit: what the counters count ("seconds"), for labels; None: unsaid
 
     @property
     def collections(self) -> int:
@@ -302,6 +303,8 @@ def parse(data: dict[str, Any]) -> Scenario:
     pop = top.table("population")
     devices = pop.get("devices", int, check=lambda v: 1 <= v <= 2**32 - 1, what="an integer in [1, 2^32)")
     raw_groups = pop.get("groups", list, check=lambda v: len(v) >= 1, what="a non-empty array of tables")
+    unit = pop.get("unit", str, None, check=lambda v: 0 < len(v) <= 40 and v.isprintable() and v.strip() == v,
+                   what="a unit of 1-40 printable characters, e.g. \"seconds\"")
     pop.done()
     groups = []
     for i, g in enumerate(raw_groups):
@@ -433,7 +436,7 @@ def parse(data: dict[str, Any]) -> Scenario:
     top.done()
     warnings += [f"protocol: {w}" for w in getattr(protocol, "warnings", [])]
     return Scenario(name, seed, rounds, devices, groups, changes, protocol, net, sim, description, data, warnings,
-                    budget, behavior, attacks, attacks_why)
+                    budget, behavior, attacks, attacks_why, unit)
 
 
 def _parse_value(text: str) -> Any:

@@ -933,17 +933,26 @@ def _estimate_kinds(sweep: Sweep) -> set[str | None]:
     return kinds
 
 
-def error_axis(col: str, kinds: set[str | None]) -> str:
+def error_axis(col: str, kinds: set[str | None], unit: str | None = None) -> str:
     """A plot's axis label for the results column ``col`` (error_<figure>): the figure in words, and what it is
-    an error of where every run of the sweep estimates the same kind of number."""
-    from scenarios.metrics import ERROR_FIGURES, ERROR_OF
+    an error of where every run of the sweep estimates the same kind of number; ``unit``: what every run's
+    counters count (the sweep's [population] unit), named instead of "the counter's units"."""
+    from scenarios.metrics import ERROR_FIGURES, ERROR_OF, in_unit
 
     figure = col.removeprefix("error_")
     text = ERROR_FIGURES.get(figure, col)
     (kind,) = kinds if len(kinds) == 1 else (None,)
     if figure not in ("rounds_without_estimate", "wasserstein") and kind in ERROR_OF:
         text += f"\n({ERROR_OF[kind]})"
-    return text
+    return in_unit(text, unit)
+
+
+def _unit(sweep: Sweep) -> str | None:
+    """The unit every run of the sweep gives its counters ([population] unit), None unless one for all."""
+    points = sweep.points if any(k.startswith("population") for k in sweep.keys) else sweep.points[:1]
+    units = {sweep.point_data(p).get("population", {}).get("unit") for p in points}
+    (unit,) = units if len(units) == 1 else (None,)
+    return str(unit) if unit else None
 
 
 def plot_figures(sweep: Sweep, header: list[str], rows: list[dict[str, Any]], out: Path) -> list[Path]:
@@ -967,7 +976,7 @@ def plot_figures(sweep: Sweep, header: list[str], rows: list[dict[str, Any]], ou
     order = {k: {lab: j for j, lab in enumerate(value_labels(sweep.grid[k]))} for k in others}
     fixed = {k: value_labels(sweep.grid[k])[0] for k in others if len(sweep.grid[k]) == 1}  # in the title
     held = "".join(f"; {k}={v}" for k, v in fixed.items())
-    kinds = _estimate_kinds(sweep)
+    kinds, unit = _estimate_kinds(sweep), _unit(sweep)
     written = []
     for col in (c for c in header if c.startswith("error_")):
         groups: dict[tuple[str, ...], dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
@@ -998,7 +1007,7 @@ def plot_figures(sweep: Sweep, header: list[str], rows: list[dict[str, Any]], ou
             ax.set_xticks(xpos, xlabels, rotation=20 if max(map(len, xlabels)) > 12 else 0, ha="right"
                           if max(map(len, xlabels)) > 12 else "center", fontsize=8)
         ax.set_xlabel(xkey)
-        ax.set_ylabel(error_axis(col, kinds))
+        ax.set_ylabel(error_axis(col, kinds, unit))
         if count:
             ax.set_ylim(bottom=0)
         ax.set_title(f"{sweep.name}: {col} (mean ± 1 s.e. over {sweep.repeat} repetition"

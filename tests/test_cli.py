@@ -414,7 +414,7 @@ def test_run_process_output_and_imports(tmp_path):
                        env={**os.environ, "PYTHONPROFILEIMPORTTIME": "1"})
     assert p.returncode == 0, p.stderr[-2000:]
     report = [line for line in p.stderr.splitlines() if line.startswith("mean |error|")]  # --json: on stderr
-    assert len(report) == 1 and "(of each round's mean counter, in the counter's units)" in report[0]
+    assert len(report) == 1 and "(of each round's mean counter, in seconds)" in report[0]
     assert json.loads(p.stdout) == summary_of(out)
     imported = {line.rsplit("|", 1)[-1].strip() for line in p.stderr.splitlines() if line.startswith("import time:")}
     assert "numba" in imported and "matplotlib" in imported  # the switch worked

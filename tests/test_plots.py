@@ -90,3 +90,52 @@ def test_a_histogram_title_names_d_only_for_a_protocol_that_has_one(tmp_path, mo
         output.write_run_dir(result, tmp_path / str(len(titles)), painter=None)
     assert "k = 6, ε = 1" in titles[0] and "d =" not in titles[0], titles
     assert "k = 6, d = 2, ε = 1" in titles[1], titles
+
+
+def test_a_declared_unit_labels_the_pictures_the_error_line_and_the_summary(tmp_path, monkeypatch) -> None:
+    """``[population] unit``: the estimate and error axes of a mean, the histogram's value axis and its
+    Wasserstein distance, the one-line report's error and summary.json say it; a scenario without one says
+    "mean counter" and ``unit: null``, never a unit it was not given."""
+    import json
+
+    from matplotlib.figure import Figure
+
+    from scenarios import metrics, output, runner, schema
+
+    labels: list[str] = []
+    real = Figure.savefig
+
+    def spy(fig, *args, **kwargs):
+        labels.extend(t for ax in fig.axes for t in (ax.get_xlabel(), ax.get_ylabel(),
+                                                      *(h.get_label() for h in ax.get_lines())))
+        return real(fig, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", spy)
+    small = ["population.devices=300", "rounds=2"]
+    result = runner.run(schema.load("quickstart", small))  # unit = "seconds"
+    output.write_run_dir(result, tmp_path / "mean", painter=None)
+    assert {"mean counter (seconds)", "estimate − truth (seconds)"} <= set(labels), labels
+    assert json.loads((tmp_path / "mean" / "summary.json").read_text())["unit"] == "seconds"
+    assert "in seconds" in metrics.error_of(result.scenario.protocol, result.scenario.unit)
+    labels.clear()
+    hist = runner.run(schema.load("usage_histogram", small))  # unit = "hours"
+    output.write_run_dir(hist, tmp_path / "hist", painter=None)
+    assert {"value (hours)", "Wasserstein-1 (hours)"} <= set(labels), labels
+    labels.clear()
+    raw = schema.load("quickstart", small).raw
+    unsaid = {**raw, "population": {k: v for k, v in raw["population"].items() if k != "unit"}}
+    plain = runner.run(schema.parse(unsaid))
+    output.write_run_dir(plain, tmp_path / "plain", painter=None)
+    assert "mean counter" in labels and not any("seconds" in t for t in labels), labels
+    assert json.loads((tmp_path / "plain" / "summary.json").read_text())["unit"] is None
+    assert "in the counter's units" in metrics.error_of(plain.scenario.protocol, plain.scenario.unit)
+
+
+@pytest.mark.parametrize("unit", ["", " seconds", "x" * 41, "a\nb", 3])
+def test_a_unit_that_labels_nothing_readable_is_refused(unit) -> None:
+    from scenarios import schema
+
+    raw = schema.load("quickstart").raw
+    bad = {**raw, "population": {**raw["population"], "unit": unit}}
+    with pytest.raises(schema.ScenarioError, match=r"^population\.unit"):
+        schema.parse(bad)

@@ -199,7 +199,8 @@ def test_log_axis_rule_and_its_use(tmp_path, monkeypatch):
 
 def test_plot_axes_say_what_each_figure_is_and_in_what_units(tmp_path, monkeypatch):
     """A sweep's y axis names the figure in words and, when every run estimates the same kind of number, what
-    it is an error of (the counter's units, a bucket's frequency); a count stays a count."""
+    it is an error of (in the unit the scenario gives its counters, quickstart's seconds; a bucket's frequency); a
+    count stays a count."""
     import matplotlib.axes
 
     labels: list[str] = []
@@ -210,8 +211,15 @@ def test_plot_axes_say_what_each_figure_is_and_in_what_units(tmp_path, monkeypat
     rows = [{"protocol.epsilon": x, "error_mean_abs": 1.0 + r, "error_rounds_without_estimate": r}
             for x in ("1", "2") for r in (0, 1)]
     sweep.plot_figures(sweep.plan("quickstart", ["protocol.epsilon=1,2"], repeat=2), header, rows, tmp_path)
+    assert labels == ["mean |error| over every estimated number\n(of each round's mean counter, in seconds)",
+                      "rounds without an estimate (a count)"]
+    labels.clear()  # a grid over the unit itself: no one unit to name
+    units = sweep.plan("quickstart", ["population.unit=\"s\",\"h\""], repeat=2)
+    sweep.plot_figures(units, ["population.unit", "error_mean_abs"],
+                       [{"population.unit": u, "error_mean_abs": 1.0 + r} for u in ("s", "h") for r in (0, 1)],
+                       tmp_path)
     assert labels == ["mean |error| over every estimated number\n(of each round's mean counter, in the counter's "
-                      "units)", "rounds without an estimate (a count)"]
+                      "units)"]
     labels.clear()  # two kinds of estimate in one sweep: the figure alone
     both = sweep.plan("quickstart", ["protocol={name=\"1bitmean\",epsilon=1,max_value=86400},"
                                      "{name=\"dbitflip\",epsilon=1,max_value=86400,buckets=4,bits=1}"], repeat=2)
