@@ -18,6 +18,10 @@ from protocols.messages import ReportBatch
 LOGGED_REJECTIONS_PER_ROUND = 20  # beyond this, rejections are only counted (a flood must not flood the log)
 
 
+class LateBatch(ProtocolError):
+    """A report batch that arrived after its round's (or stage's) deadline."""
+
+
 @dataclass
 class CollectorStats:
     received: int = 0
@@ -26,6 +30,19 @@ class CollectorStats:
     late: int = 0
     reports_accepted: int = 0
     reasons: dict[str, int] = field(default_factory=dict)
+    #: why the first message was rejected that was neither a late batch nor a dropped connection (a live
+    #: server counts those by cause): None where none was. In a run whose devices are all the protocol's own,
+    #: any such rejection means its device and collector sides disagree
+    first_reason: str | None = None
+
+    def reject(self, kind: str, exc: Exception) -> None:
+        """Count one rejected message of ``kind`` (wire, protocol, dropped) for ``exc``."""
+        self.rejected += 1
+        self.reasons[kind] = self.reasons.get(kind, 0) + 1
+        if isinstance(exc, LateBatch):
+            self.late += 1
+        elif kind != "dropped" and self.first_reason is None:
+            self.first_reason = f"{kind}: {str(exc)[:300]}"
 
 
 class CollectorProcess:
@@ -85,8 +102,7 @@ class CollectorProcess:
                 if not isinstance(msg, ReportBatch):
                     raise ProtocolError(f"devices may not send {type(msg).__name__} messages")
                 if self.open_until is None or self.env.now >= self.open_until:
-                    self.stats.late += 1
-                    raise ProtocolError(f"report batch for round {msg.round} arrived after the round closed")
+                    raise LateBatch(f"report batch for round {msg.round} arrived after the round closed")
                 accepted = self.protocol.receive(msg)
             except (wire.WireError, ProtocolError) as exc:
                 self._reject(exc)
@@ -96,8 +112,7 @@ class CollectorProcess:
 
     def _reject(self, exc: Exception) -> None:
         kind = "wire" if isinstance(exc, wire.WireError) else "protocol"
-        self.stats.rejected += 1
-        self.stats.reasons[kind] = self.stats.reasons.get(kind, 0) + 1
+        self.stats.reject(kind, exc)
         self._logged += 1
         if self._logged <= LOGGED_REJECTIONS_PER_ROUND:
             self.log.warning("message_rejected", kind=kind, reason=str(exc)[:200])

@@ -48,7 +48,7 @@ import numpy as np
 
 from collector.stages import round_stages
 from collector.hostile import Hostility, describe
-from collector.process import LOGGED_REJECTIONS_PER_ROUND, CollectorStats
+from collector.process import LOGGED_REJECTIONS_PER_ROUND, CollectorStats, LateBatch
 from protocols import auth, wire
 from protocols.base import CollectorSide, ProtocolError, RoundResult
 from protocols.framing import FrameDecoder, FrameTooLarge, frame
@@ -321,8 +321,7 @@ class LiveCollector:
 
     def _count_drop(self, cause: str, detail: str) -> None:
         self.drops[cause] = self.drops.get(cause, 0) + 1
-        self.stats.rejected += 1
-        self.stats.reasons["dropped"] = self.stats.reasons.get("dropped", 0) + 1
+        self.stats.reject("dropped", Refused(cause, detail))
         n = self._round_drops[cause] = self._round_drops.get(cause, 0) + 1
         if n == 1:  # one line per cause per round; the round's counts follow at its end (_log_drops)
             self.log.warning("connection_dropped", cause=cause, reason=detail[:200], round=self.current_round)
@@ -379,8 +378,7 @@ class LiveCollector:
                     self._check_acks()
                 return None
             if not self._stage_open or msg.round < self.current_round:
-                self.stats.late += 1
-                raise ProtocolError(f"report batch for round {msg.round} arrived after its stage closed")
+                raise LateBatch(f"report batch for round {msg.round} arrived after its stage closed")
             ids = msg.devices  # unsigned and strictly increasing (wire.decode): the last is the largest
             if ids.size and (int(ids[-1]) >= self.n_devices
                              or not np.all(self.holder[ids.astype(np.int64)] == conn.serial)):
@@ -388,8 +386,7 @@ class LiveCollector:
             self.stats.reports_accepted += self.protocol.receive(msg)
             self.stats.accepted += 1
         except ProtocolError as exc:
-            self.stats.rejected += 1
-            self.stats.reasons["protocol"] = self.stats.reasons.get("protocol", 0) + 1
+            self.stats.reject("protocol", exc)
             self._logged += 1
             if self._logged <= LOGGED_REJECTIONS_PER_ROUND:
                 self.log.warning("message_rejected", kind="protocol", reason=str(exc)[:200])

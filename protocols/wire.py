@@ -117,6 +117,18 @@ def _fixed_bytes(b: bytes, n: int, what: str) -> np.ndarray:
     return np.frombuffer(bytes(b), np.uint8)
 
 
+def _check_columns(batch: ReportBatch) -> None:
+    """Refuse a report column of a dtype the wire does not carry before packing, naming the protocol and the
+    column: an honest device side that builds one (a plugin's uint16 column, say) is its author's to fix."""
+    for name, col in batch.columns.items():
+        if isinstance(col, np.ndarray) and not isinstance(col, Bits) and col.dtype.newbyteorder("<") not in _CODE_OF:
+            from protocols.base import DefinitionError  # here, not at the top: base's imports reach this module
+
+            raise DefinitionError(f"{batch.protocol}: the device side's report column {name!r}: dtype "
+                                  f"{col.dtype} does not travel on the wire (one of "
+                                  f"{', '.join(sorted(d.str[1:] for d in WIRE_DTYPES))}; wire.bits for bits)")
+
+
 def encode(msg: Message) -> bytes:
     """Encode a message (the inverse of :func:`decode`)."""
     if isinstance(msg, CollectionRequest):
@@ -142,6 +154,7 @@ def encode(msg: Message) -> bytes:
         body = {"round": msg.round, "protocol": msg.protocol, "theta": float(msg.theta), "version": msg.version,
                 "deadline": float(msg.deadline)}
     elif isinstance(msg, ReportBatch):
+        _check_columns(msg)
         body = {"round": msg.round, "protocol": msg.protocol, "devices": msg.devices, "columns": msg.columns}
     else:
         raise TypeError(f"not a message: {type(msg).__name__}")

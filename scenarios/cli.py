@@ -151,7 +151,22 @@ def cmd_run(args: argparse.Namespace) -> int:
           f"simulated in {summary['wall_seconds']:.2f} s", file=sys.stderr if args.json else sys.stdout)
     if args.json:  # stdout holds summary.json alone, for a pipe into a JSON reader
         print(jsonout.dumps(summary, indent=2))
+    _own_rejections(summary)
     return _privacy_verdict(pv)
+
+
+def _own_rejections(summary: dict) -> None:
+    """A warning when the collector rejected batches other than late ones in a run whose devices are all the
+    protocol's own (``run``, ``live``): its device and collector sides disagree (a plugin's column of another
+    dtype than the collector declares, say), and those reports were lost while their devices were charged."""
+    msgs = summary["messages"]
+    dropped = sum((summary.get("live") or {}).get("dropped", {}).values())  # connections, counted as rejected
+    own = int(msgs["rejected"]) - int(msgs["late"]) - int(dropped)
+    if own > 0 and msgs.get("first_rejection") is not None:
+        print(f"ldpsim: warning: the collector rejected {own:,} of its own devices' messages (not counting late "
+              f"ones): the protocol's device and collector sides disagree, and those reports are lost while their "
+              f"devices were charged; the first: {msgs.get('first_rejection')} (events.jsonl: message_rejected)",
+              file=sys.stderr)
 
 
 def _missing_rounds(err: dict, scenario: Any) -> str:
@@ -318,6 +333,7 @@ def cmd_live(args: argparse.Namespace) -> int:
           f"{_num(err['max_abs'])}; per-device spend (epsilon): max {_num(pv.get('max_spend'))} (guarantee "
           f"{_num(pv['guarantee'])}{_within_pattern(pv)}); transcript digest "
           f"{summary['digests']['transcript'][:12]}...; run in {summary['wall_seconds']:.2f} s -> {out}")
+    _own_rejections(summary)
     return _privacy_verdict(summary["privacy"])
 
 

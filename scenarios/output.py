@@ -259,6 +259,9 @@ def summary(result: RunResult) -> dict:
         "privacy": privacy_summary(result),
         "messages": {"sent": traffic.messages_sent, "delivered": traffic.messages_delivered,
                      "rejected": stats.rejected, "late": stats.late,
+                     # why the first message was rejected that was neither late nor a dropped connection
+                     # (None: none was)
+                     "first_rejection": stats.first_reason,
                      "rejected_by_devices": result.device_rejected,
                      **({} if result.device_rejected is not None else
                         {"unknown": "rejected_by_devices: the devices run in other processes (ldpsim devices), "

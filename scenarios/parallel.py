@@ -31,6 +31,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from agents.behavior import BehaviorError
+from protocols.base import DefinitionError
 from protocols.guard import BudgetOverrun
 from protocols.ledger import Charge
 from scenarios.pipes import read_frame, write_frame
@@ -64,8 +65,10 @@ class WorkerError(RuntimeError):
 
 
 #: errors a worker's device side raises that the parent raises again as they are (the command's one-line
-#: report): a device side that charged past its budget, a scripted behavior that failed
+#: report): a device side that charged past its budget, a scripted behavior that failed, a protocol that
+#: cannot run (a report column the wire does not carry), a method a plugin left out
 _RERAISED: dict[str, type[Exception]] = {"BudgetOverrun": BudgetOverrun, "BehaviorError": BehaviorError,
+                                          "DefinitionError": DefinitionError,
                                           "NotImplementedError": NotImplementedError}
 
 

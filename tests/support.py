@@ -7,8 +7,9 @@ module: a test module imported by another would be imported twice and its tests'
 from __future__ import annotations
 
 import functools
+from typing import Any
 
-from protocols.baselines import KFlipParams
+from protocols.baselines import KFlipDevices, KFlipParams
 from protocols.guard import Guarantee
 from scenarios import schema
 
@@ -161,3 +162,45 @@ class Uint16KFlip(KFlipParams):
         collector = super().make_collector(n_devices)
         collector.columns = (Column("y", np.uint16, high=self.buckets - 1),)
         return collector
+
+
+class _CastKFlipDevices(KFlipDevices):
+    """KFlip's device side sending its report column as ``cast`` instead of what its collector declares."""
+
+    cast: Any = None
+
+    def report(self, round_, values):  # type: ignore[no-untyped-def]
+        return {"y": super().report(round_, values)["y"].astype(self.cast)}
+
+
+class _CastKFlip(KFlipParams):
+    cast: Any = None
+
+    def make_devices(self, seed, device_ids, limits=None):  # type: ignore[no-untyped-def]
+        devices = _CastKFlipDevices(self, seed, device_ids, limits)
+        devices.cast = self.cast
+        return devices
+
+
+class Uint16DevicesKFlip(_CastKFlip):
+    """k-ary randomized response whose device side sends its column as uint16, a dtype the wire does not carry
+    (its collector declares u1): a one-line error naming the column, not the encoder's ValueError.
+    ``tests.support:Uint16DevicesKFlip``."""
+
+    cast = "uint16"
+
+    @classmethod
+    def from_table(cls, name, table, ctx):  # type: ignore[no-untyped-def]
+        return super().from_table("uint16deviceskflip", table, ctx)
+
+
+class Float32DevicesKFlip(_CastKFlip):
+    """k-ary randomized response whose device side sends its column as float32 while its collector declares
+    u1: the wire carries it and the collector rejects every batch, which the run must say.
+    ``tests.support:Float32DevicesKFlip``."""
+
+    cast = "float32"
+
+    @classmethod
+    def from_table(cls, name, table, ctx):  # type: ignore[no-untyped-def]
+        return super().from_table("float32deviceskflip", table, ctx)

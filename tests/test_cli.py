@@ -693,3 +693,40 @@ def test_a_report_column_of_a_dtype_the_wire_cannot_carry_is_one_line(tmp_path, 
     err = capsys.readouterr().err.strip()
     assert err.splitlines()[-1] == ("ldpsim: error: protocol: report column 'y': dtype uint16 does not travel on the "
                                     "wire (one of f4, f8, i4, i8, u1, u4, u8; u1 for bits)"), err
+
+
+@pytest.mark.parametrize("how", ["simulation.threads=1", "simulation.threads=2", "simulation.workers=2"])
+def test_a_device_side_column_the_wire_cannot_carry_is_one_line(tmp_path, capsys, how):
+    """A plugin whose collector declares u1 but whose device side sends uint16: the run stops with one line
+    naming the protocol and the column, exit 2, whether the cohorts answer on the run's thread, on threads or in
+    worker processes (it was msgpack's "dtype uint16 is not a wire dtype" in a traceback)."""
+    table = 'protocol={name = "tests.support:Uint16DevicesKFlip", epsilon = 1.0, max_value = 86400, buckets = 8}'
+    assert main(["run", "quickstart", "--out", str(tmp_path / "r"), "--set", table, "--set", "population.devices=400",
+                 "--set", "simulation.cohort_size=100", "--set", how, "--set", "rounds=2", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines()[-1] == (
+        "ldpsim: error: protocol: uint16deviceskflip: the device side's report column 'y': dtype uint16 does not "
+        "travel on the wire (one of f4, f8, i4, i8, u1, u4, u8; wire.bits for bits)"), err
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_run_whose_collector_rejects_its_own_devices_says_so(tmp_path, capsys):
+    """A device side sending float32 where its collector declares u1: the wire carries it, the collector rejects
+    every batch. The run says so in a warning with the first reason, and summary.json names it; an honest run
+    has no such warning and first_rejection null, late batches (network jitter past the deadline) included."""
+    table = 'protocol={name = "tests.support:Float32DevicesKFlip", epsilon = 1.0, max_value = 86400, buckets = 8}'
+    assert main(["run", "quickstart", "--out", str(tmp_path / "bad"), "--set", table, "--set",
+                 "population.devices=300", "--set", "rounds=2", "--quiet"]) == 0
+    err = capsys.readouterr().err
+    warning = [line for line in err.splitlines() if "its own devices' messages" in line]
+    assert len(warning) == 1 and "rejected 2 of its own devices' messages" in warning[0], err
+    assert "column 'y' must be u1, got float32" in warning[0], warning
+    messages = summary_of(tmp_path / "bad")["messages"]
+    assert messages["rejected"] == 2 and messages["late"] == 0
+    assert messages["first_rejection"] == "protocol: column 'y' must be u1, got float32"
+    # honest, with late batches: a deadline shorter than most reports' delay
+    assert main(["run", "quickstart", "--out", str(tmp_path / "late"), "--set", "population.devices=300", "--set",
+                 "rounds=2", "--set", "network.jitter=2", "--set", "network.deadline=1", "--quiet"]) == 0
+    assert "its own devices' messages" not in capsys.readouterr().err
+    messages = summary_of(tmp_path / "late")["messages"]
+    assert messages["late"] > 0 and messages["rejected"] == messages["late"] and messages["first_rejection"] is None
