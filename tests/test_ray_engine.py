@@ -47,6 +47,17 @@ def test_the_cli_runs_thresh_on_ray_with_the_digests_of_the_single_process_run(r
     assert summary["digests"] == _digests("thresh_drift", *thresh)
 
 
+def test_a_shard_s_protocol_error_is_the_command_s_one_line(ray, tmp_path, capsys):
+    """A plugin's device side sending a column the wire cannot carry, in a Ray actor: the same one line and exit
+    2 as on the run's own thread (it was a WorkerError traceback)."""
+    table = 'protocol={name = "tests.support:Uint16DevicesKFlip", epsilon = 1.0, max_value = 86400, buckets = 8}'
+    code = cli.main(["run", "quickstart", "--set", table, "--set", "population.devices=400", "--set", "rounds=2",
+                     "--engine", "ray", "--out", str(tmp_path / "run"), "--quiet"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err[-1].startswith("ldpsim: error: protocol: uint16deviceskflip: the device side's report "
+                                            "column 'y': dtype uint16 does not travel on the wire"), err[-3:]
+
+
 def test_topl_on_two_ray_shards_runs_exactly_what_one_process_runs(ray):
     from scenarios import ray_engine
 
