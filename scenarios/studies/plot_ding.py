@@ -35,6 +35,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from scenarios import schema  # noqa: E402
+from scenarios.sweep import value_labels  # noqa: E402
 
 SAMPLE = 400_000  # one day's values drawn for the closed forms
 NORMALS = 20_000  # normal vectors for E[max_v |N(0, sd_v^2)|]
@@ -42,6 +43,10 @@ RNG_SEED = 0
 
 
 # ------------------------------------------------------------------------------------------- data
+class StudyError(ValueError):
+    """A directory that holds another sweep than these studies: the script says so in one line."""
+
+
 def canon(v: Any) -> str:
     return json.dumps(v, sort_keys=True, separators=(",", ":"))
 
@@ -66,6 +71,10 @@ class Study:
         self.sweep = json.loads((path / "sweep.json").read_text(encoding="utf-8"))
         grid = self.sweep["grid"]
         role = {k.strip(): k for k in grid}  # the study files write "protocol " (see their comment)
+        needed = ("population.devices", "protocol", "protocol.epsilon", "population.groups.0")
+        if any(k not in role for k in needed):
+            raise StudyError(f"{path}: not a ding_mean or ding_histogram study: its grid varies "
+                             f"{', '.join(k.strip() for k in grid)}, where these studies vary {', '.join(needed)}")
         self.k_n, self.k_proto = role["population.devices"], role["protocol"]
         self.k_eps, self.k_group = role["protocol.epsilon"], role["population.groups.0"]
         self.ns = sorted(grid[self.k_n])
@@ -75,10 +84,10 @@ class Study:
         self.groups = {g["name"]: g for g in grid[self.k_group]}
         self.kind = ""
         self.cells: dict[tuple[str, str, int, float], list[float]] = defaultdict(list)
-        # results.csv (one row per run; runs.jsonl need not be kept): a varied key's cell is its value's
-        # label, the compact JSON of a table; matched back to the grid's values
+        # results.csv (one row per run; runs.jsonl need not be kept): a varied key's cell is its value's label
+        # (ldpsim sweep's value_labels; older sweeps wrote a table's compact JSON), matched back to the value
         values = {k: {canon(v): v for v in vs} | {repr(v): v for v in vs} | {str(v): v for v in vs}
-                  for k, vs in grid.items()}
+                  | dict(zip(value_labels(vs), vs)) for k, vs in grid.items()}
         with open(path / "results.csv", newline="", encoding="utf-8") as f:
             for row in csv.DictReader(f):
                 pt = {k: values[k][row[k]] for k in grid}
@@ -306,7 +315,10 @@ def main() -> None:
     from study_args import study_dir  # scenarios/studies/study_args.py (run as a script)
 
     path = study_dir(__doc__, "results.csv")
-    study = Study(path)
+    try:
+        study = Study(path)
+    except StudyError as exc:
+        raise SystemExit(f"plot_ding.py: error: {exc}") from None
     eps1 = min(study.epss, key=lambda e: abs(math.log(e)))
     figure(study, "n", eps1, path / "fig_vs_n.png")
     figure(study, "eps", study.ns[-1], path / "fig_vs_eps.png")

@@ -32,7 +32,12 @@ HISTS: dict[str, np.ndarray] = {}
 def load(path: Path) -> dict[tuple, list[dict[str, float]]]:
     cells: dict[tuple, list[dict[str, float]]] = defaultdict(list)
     with open(path / "results.csv", newline="") as f:
-        for row in csv.DictReader(f):
+        reader = csv.DictReader(f)
+        missing = [k for k in KEYS if k not in (reader.fieldnames or [])]
+        if missing:
+            raise SystemExit(f"plot_low_population.py: error: {path}: not a low_population study: its results.csv "
+                             f"has no column {', '.join(missing)}")
+        for row in reader:
             key = (int(row[KEYS[0]]), float(row[KEYS[1]]), int(row[KEYS[2]]), row[KEYS[3]])
             cells[key].append({k: float(v) for k, v in row.items() if k.startswith(("error_", "epsilon_"))})
     return cells

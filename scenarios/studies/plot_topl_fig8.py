@@ -78,6 +78,33 @@ def rows_of(d: Path) -> list[dict]:
     return out
 
 
+def setting(d: Path) -> tuple[int, int, int | None]:
+    """(rounds, devices, holdout reports) of the sweep in ``d`` as it ran (its sweep.json: the base scenario
+    with --set applied, the grid's protocol tables, a --set protocol.holdout over them); holdout None where the
+    grid's tables differ in it."""
+    sw = json.loads((d / "sweep.json").read_text(encoding="utf-8"))
+    data = sw["scenario_data"]
+    tables = next((v for k, v in sw["grid"].items() if k.strip() == "protocol"), [data["protocol"]])
+    holdouts = {t.get("holdout", data["protocol"].get("holdout")) for t in tables}
+    for override in sw.get("overrides", []):
+        key, _, value = str(override).partition("=")
+        if key.strip() == "protocol.holdout":
+            holdouts = {int(value)}
+    (holdout,) = holdouts if len(holdouts) == 1 else (None,)
+    return int(data["rounds"]), int(data["population"]["devices"]), None if holdout is None else int(holdout)
+
+
+def describe_setting(path: Path, data: dict[str, dict]) -> str:
+    """The figures' setting in words, read from the sweeps drawn (not the shipped studies' own numbers: a
+    sweep run small says its own size)."""
+    settings = {ds: setting(path / ds) for ds in data if (path / ds / "sweep.json").is_file()}
+    if len(set(settings.values())) != 1:
+        return "the rounds, devices and holdout of each data set's sweep.json"
+    rounds, devices, holdout = next(iter(settings.values()))
+    held = f", {holdout:,} holdout reports" if holdout is not None else ""
+    return f"{rounds} rounds x {devices:,} devices = {rounds * devices:,} values{held}"
+
+
 def cells_of(rows: list[dict]) -> dict[tuple, list[dict]]:
     cells: dict[tuple, list[dict]] = defaultdict(list)
     for r in rows:
@@ -86,7 +113,8 @@ def cells_of(rows: list[dict]) -> dict[tuple, list[dict]]:
 
 
 def plot(path: Path, data: dict[str, dict], key: str, ylabel: str, log: bool, name: str) -> None:
-    fig, axes = plt.subplots(2, len(data), figsize=(4.2 * len(data), 7.6), squeeze=False)
+    width = max(4.2 * len(data), 9.0)  # one data set alone still has room for the title and the legend
+    fig, axes = plt.subplots(2, len(data), figsize=(width, 7.6), squeeze=False)
     for col, (ds, cells) in enumerate(data.items()):
         epss = sorted({e for (_, _, _, e) in cells})
         for row, dom in enumerate(DOMAINS):
@@ -119,15 +147,21 @@ def plot(path: Path, data: dict[str, dict], key: str, ylabel: str, log: bool, na
             ax.tick_params(labelsize=7)
             ax.grid(alpha=0.3)
     handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=8)
+    ncol = 4 if width >= 12 else 2
+    fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=8)
     reps = max(len(c) for c in next(iter(data.values())).values())
-    fig.suptitle(f"ToPL threshold finding (Wang et al. CCS 2021, fig. 8): 8 rounds x 131,072 devices = 2^20 values, "
-                 f"65,536 holdout reports; mean over {reps} repetitions, "
-                 "band min-max (SW-W and EMS, paper's weighting)",
-                 fontsize=10)
-    fig.tight_layout(rect=(0, 0.07, 1, 0.96))
+    fig.suptitle(f"ToPL threshold finding (Wang et al. CCS 2021, fig. 8): {describe_setting(path, data)}; mean over "
+                 f"{reps} repetition{'s' if reps != 1 else ''}, band min-max (SW-W and EMS, paper's weighting)",
+                 fontsize=10, wrap=True)
+    legend_rows = -(-len(labels) // ncol)
+    fig.tight_layout(rect=(0, 0.03 * legend_rows + 0.01, 1, 0.93))
     fig.savefig(path / name, dpi=100)
     plt.close(fig)
+
+
+def spread(x: np.ndarray) -> str:
+    """`` ± sd`` over the repetitions; nothing for one (no spread to state)."""
+    return f" ± {x.std(ddof=1):.1f}" if x.size > 1 else ""
 
 
 def summary_table(data: dict[str, dict]) -> list[str]:
@@ -142,7 +176,7 @@ def summary_table(data: dict[str, dict]) -> list[str]:
                     ratio = {m: np.array([r["range_mse"] / r["range_mse_zero_baseline"]
                                           for r in cells[(dom, m, obj, e)]]) for m in METHODS}
                     lines.append(f"| {ds} | {dom} | {obj} | {e:g} | "
-                                 + " | ".join(f"{th[m].mean():.1f} ± {th[m].std(ddof=1):.1f}" for m in METHODS) + " | "
+                                 + " | ".join(f"{th[m].mean():.1f}{spread(th[m])}" for m in METHODS) + " | "
                                  + " | ".join(f"{ratio[m].mean():.2e}" for m in METHODS) + " |")
     return lines
 

@@ -23,6 +23,11 @@ METHODS = {"sw-w": ("SW-W (EM + pruning)", "tab:red"), "ems": ("SW with EMS", "t
            "oracle": ("oracle threshold", "black")}
 
 
+def spread(x: np.ndarray) -> str:
+    """`` ± sd`` over the repetitions; nothing for one (no spread to state)."""
+    return f" ± {x.std(ddof=1):.1f}" if x.size > 1 else ""
+
+
 def main() -> None:
     from study_args import study_dir  # scenarios/studies/study_args.py (run as a script)
 
@@ -30,8 +35,20 @@ def main() -> None:
     rows = [json.loads(line) for line in open(path / "runs.jsonl", encoding="utf-8")]
     cells: dict[tuple[str, float], list[dict]] = defaultdict(list)
     for r in rows:
-        cells[(r["point"]["protocol.method"], r["point"]["protocol.epsilon"])].append(r["summary"])
+        point = r["point"]
+        if "protocol.method" not in point or "protocol.epsilon" not in point:
+            raise SystemExit(f"plot_topl_pos.py: error: {path}: not a topl_pos study: its grid varies "
+                             f"{', '.join(point)}, where the study varies protocol.method and protocol.epsilon")
+        cells[(point["protocol.method"], point["protocol.epsilon"])].append(r["summary"])
     epss = sorted({e for _, e in cells})
+    missing = sorted({m for m in METHODS for e in epss if (m, e) not in cells})
+    if missing:
+        raise SystemExit(f"plot_topl_pos.py: error: {path}: not a topl_pos study: no runs of protocol.method "
+                         f"{', '.join(missing)} at every ε")
+    sw = json.loads((path / "sweep.json").read_text(encoding="utf-8"))
+    size = f"{sw['scenario_data']['population']['devices']:,} devices x {sw['scenario_data']['rounds']} rounds"
+    reps = max(len(c) for c in cells.values())
+    over = f"{reps} repetition{'s' if reps != 1 else ''}"
 
     fig, ax = plt.subplots(figsize=(8, 4.8))
     zero = [np.mean([s["range_mse_zero_baseline"] for s in cells[("oracle", e)]]) for e in epss]
@@ -44,7 +61,7 @@ def main() -> None:
     ax.set_yscale("log")
     ax.set_xlabel("ε (Square Wave holdout and HM reports)")
     ax.set_ylabel("MSE of random range-sum queries")
-    ax.set_title("ToPL on POS, 20,000 devices x 100 rounds (mean, band: min-max over 5 repetitions)", fontsize=10)
+    ax.set_title(f"ToPL on POS, {size} (mean, band: min-max over {over})", fontsize=10)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path / "fig_range_mse.png", dpi=110)
@@ -53,11 +70,11 @@ def main() -> None:
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for m, (label, color) in METHODS.items():
         th = [np.array([s["threshold"][0]["theta"] for s in cells[(m, e)]]) for e in epss]
-        ax.errorbar(epss, [t.mean() for t in th], yerr=[t.std(ddof=1) for t in th], fmt="o-", color=color, ms=4,
-                    capsize=3, label=label)
+        ax.errorbar(epss, [t.mean() for t in th], yerr=[t.std(ddof=1) if t.size > 1 else 0.0 for t in th],
+                    fmt="o-", color=color, ms=4, capsize=3, label=label)
     ax.set_xlabel("ε")
     ax.set_ylabel("threshold θ (items per transaction)")
-    ax.set_title("chosen threshold (mean ± sd over 5 repetitions); POS max 165, p99.5 39", fontsize=10)
+    ax.set_title(f"chosen threshold (mean ± sd over {over}); POS max 165, p99.5 39", fontsize=10)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path / "fig_threshold.png", dpi=110)
@@ -69,7 +86,7 @@ def main() -> None:
         theta = {m: np.array([s["threshold"][0]["theta"] for s in cells[(m, e)]]) for m in METHODS}
         ratio = {m: np.array([s["range_mse"] / s["range_mse_zero_baseline"] for s in cells[(m, e)]])
                  for m in METHODS}
-        lines.append(f"| {e:g} | " + " | ".join(f"{theta[m].mean():.1f} ± {theta[m].std(ddof=1):.1f}" for m in METHODS)
+        lines.append(f"| {e:g} | " + " | ".join(f"{theta[m].mean():.1f}{spread(theta[m])}" for m in METHODS)
                      + " | " + " | ".join(f"{ratio[m].mean():.2e} (max {ratio[m].max():.1e})" for m in METHODS)
                      + " |")
     (path / "summary_table.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
