@@ -212,9 +212,9 @@ class RayShards:
             try:
                 out = self._ray.get(ref)
             except failed as exc:  # an exception in the shard's code: no restart would help
-                cause = getattr(exc, "cause", None)  # the actor's own exception (Ray carries it back)
-                if type(cause).__name__ in _RERAISED:  # one the command reports in one line, as a worker's is
-                    raise _RERAISED[type(cause).__name__](str(cause)) from None
+                own = getattr(exc, "cause", None)  # the actor's own exception (Ray carries it back)
+                if type(own).__name__ in _RERAISED:  # one the command reports in one line, as a worker's is
+                    raise _RERAISED[type(own).__name__](str(own)) from None
                 raise WorkerError(f"Ray shard {k} failed: {_last_line(exc)}") from None
             except errors as exc:
                 if getattr(exc, "actor_init_failed", False):  # its constructor raised: Ray does not restart it
