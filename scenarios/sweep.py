@@ -988,14 +988,16 @@ def plot_figures(sweep: Sweep, header: list[str], rows: list[dict[str, Any]], ou
         count = col == "error_rounds_without_estimate"  # a count, not an error
         if count and not any(v for by_x in groups.values() for ys in by_x.values() for v in ys):
             continue  # every run estimated every round: a flat line at 0 says nothing (results.csv has it)
-        fig, ax = plt.subplots(figsize=(8, 5))
+        lines = len(groups)
+        beside = LEGEND_INSIDE < lines <= LEGEND_BESIDE  # a legend beside the axes, in a wider figure
+        fig, ax = plt.subplots(figsize=(12.5 if beside else 8, 5))
         for combo in sorted(groups, key=lambda c: [order[k][lab] for k, lab in zip(others, c)]):
             by_x = groups[combo]
             js = sorted(by_x, key=lambda j: xpos[j])
             ys = [by_x[j] for j in js]
             mean = [float(np.mean(y)) for y in ys]
             se = [float(np.std(y, ddof=1) / math.sqrt(len(y))) if len(y) > 1 else 0.0 for y in ys]
-            label = ", ".join(f"{k}={v}" for k, v in zip(others, combo) if k not in fixed) or None
+            label = ", ".join(f"{k.strip()}={_short(str(v))}" for k, v in zip(others, combo) if k not in fixed) or None
             ax.errorbar([xpos[j] for j in js], mean, yerr=se, marker="o", ms=4, capsize=3, lw=1.2, label=label)
         if numeric and log_axis(xvals):
             ax.set_xscale("log")
@@ -1012,14 +1014,30 @@ def plot_figures(sweep: Sweep, header: list[str], rows: list[dict[str, Any]], ou
             ax.set_ylim(bottom=0)
         ax.set_title(f"{sweep.name}: {col} (mean ± 1 s.e. over {sweep.repeat} repetition"
                      f"{'s' if sweep.repeat != 1 else ''}{held})", fontsize=10)
-        if len(others) > len(fixed):
+        if len(others) > len(fixed) and lines <= LEGEND_INSIDE:
             ax.legend(fontsize=7, loc="best")
+        elif beside:
+            ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        elif len(others) > len(fixed):  # too many lines to label: say what they are and where to read them
+            varied = ", ".join(k.strip() for k in others if k not in fixed)
+            ax.text(0.01, 0.99, f"{lines} lines, one per combination of {varied}: too many to label (results.csv "
+                    "has every run)", transform=ax.transAxes, va="top", fontsize=7, color="dimgray", wrap=True)
         ax.grid(True, alpha=0.3)
         fig.tight_layout()
         path = out / f"{col}.png"
         plots.save(fig, path, dpi=100)
         written.append(path)
     return written
+
+
+#: a sweep plot's lines labelled in a legend inside the axes up to this many, beside them up to LEGEND_BESIDE;
+#: beyond it a note says what the lines are (63 entries had covered the whole plot)
+LEGEND_INSIDE, LEGEND_BESIDE = 10, 20
+
+
+def _short(label: str, most: int = 44) -> str:
+    """One value of a legend entry cut to ``most`` characters (a table's value can be a long line of JSON)."""
+    return label if len(label) <= most else label[:most - 1] + "…"
 
 
 def rebuild(sweep: Sweep, out: Path, records: dict[tuple[int, int], dict[str, Any]] | None = None) -> list[Path]:

@@ -229,6 +229,33 @@ def test_plot_axes_say_what_each_figure_is_and_in_what_units(tmp_path, monkeypat
     assert labels == ["mean |error| over every estimated number"]
 
 
+@pytest.mark.parametrize("gammas, where", [(4, "inside"), (12, "beside"), (36, "note")])
+def test_a_plot_of_many_lines_keeps_its_axes_readable(tmp_path, monkeypatch, gammas, where):
+    """Up to 10 lines: a legend inside the axes; up to 20: beside them in a wider figure; beyond: no legend (36
+    to 63 entries had covered the whole plot, cut off at the right) and a note naming what the lines vary."""
+    from matplotlib.figure import Figure
+
+    seen: list[Figure] = []
+    monkeypatch.setattr("scenarios.plots.save", lambda fig, path, dpi=110: seen.append(fig))
+    values = [round(0.01 * i, 2) for i in range(gammas)]
+    sw = sweep.plan("quickstart", ["protocol.epsilon=1,2", "protocol.gamma=" + ",".join(map(str, values))], repeat=2)
+    labels = sweep.value_labels(sw.grid["protocol.gamma"])
+    rows = [{"protocol.epsilon": x, "protocol.gamma": g, "error_mean_abs": 1.0 + r} for x in ("1", "2")
+            for g in labels for r in (0, 1)]
+    sweep.plot_figures(sw, ["protocol.epsilon", "protocol.gamma", "error_mean_abs"], rows, tmp_path)
+    (fig,) = seen
+    ax = fig.axes[0]
+    legend = ax.get_legend()
+    notes = [t.get_text() for t in ax.texts]
+    if where == "note":
+        assert legend is None and notes == [f"{gammas} lines, one per combination of protocol.gamma: too many to "
+                                            "label (results.csv has every run)"]
+        return
+    assert legend is not None and len(legend.get_texts()) == gammas and not notes
+    beside = legend.get_bbox_to_anchor().transformed(ax.transAxes.inverted()).x0 > 1.0
+    assert beside == (where == "beside") and (fig.get_figwidth() > 8) == beside
+
+
 # -------------------------------------------------------------------------------------------- resume
 def test_resume_runs_only_the_missing_runs(tmp_path, one_worker, monkeypatch):
     out = tmp_path / "resume"
