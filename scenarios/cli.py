@@ -229,6 +229,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     scenario = load(args.scenario, args.set)
     resources.check_memory(scenario.devices)
     out = Path(args.out or f"runs/{scenario.name}-compare")
+    if (out / "compare.json").exists() and not args.force:
+        raise ScenarioError(f"--out {out}: holds a finished comparison; pass --force to overwrite it or choose "
+                            "another")
     table = compare.compare(scenario, out, lambda label, rounds: _progress_bar(rounds, not args.quiet,
                                                                                f"simulating {label}"))
     for k in (scenario.protocol.name, "naive"):
@@ -600,6 +603,7 @@ def parser() -> argparse.ArgumentParser:
     cmp_.add_argument("--out", help="output directory (default: runs/<name>-compare)")
     cmp_.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a scenario key")
     cmp_.add_argument("--quiet", action="store_true", help="no progress bars")
+    cmp_.add_argument("--force", action="store_true", help="overwrite a finished comparison in --out")
     cmp_.set_defaults(func=cmd_compare)
 
     def live_common(p: argparse.ArgumentParser) -> None:

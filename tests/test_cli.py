@@ -432,6 +432,13 @@ def test_compare_shows_a_progress_bar_per_run_unless_quiet(tmp_path, capsys):
     quiet = capsys.readouterr()
     assert "simulating" not in quiet.err and "%|" not in quiet.err
     assert quiet.out == shown.out.replace(str(tmp_path / "a"), str(tmp_path / "b"))
+    # a finished comparison is not overwritten without --force (it was, silently), and is with it
+    before = (tmp_path / "b" / "compare.json").stat().st_mtime_ns
+    assert main(args + ["--out", str(tmp_path / "b"), "--quiet"]) == 2
+    assert capsys.readouterr().err.strip() == (f"ldpsim: error: --out {tmp_path / 'b'}: holds a finished comparison; "
+                                               "pass --force to overwrite it or choose another")
+    assert (tmp_path / "b" / "compare.json").stat().st_mtime_ns == before
+    assert main(args + ["--out", str(tmp_path / "b"), "--quiet", "--force"]) == 0
 
 
 @pytest.mark.parametrize("argv, flag", [
