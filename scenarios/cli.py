@@ -826,7 +826,11 @@ def _exit_now(code: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    ap = parser()
+    args, unknown = ap.parse_known_args(argv)
+    if unknown:  # said by the command's own parser, with its usage (the top level's lists every command)
+        sub = next(a for a in ap._actions if isinstance(a, argparse._SubParsersAction))
+        sub.choices[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     if _is_process_entry(argv):  # the ldpsim program owns its process (not a caller passing argv)
         allocator.tune()
     code = _command(args)

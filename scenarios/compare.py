@@ -27,8 +27,12 @@ def naive_twin(sc: Scenario) -> Scenario:
     """The same scenario with the protocol replaced by its baseline at the same total budget."""
     baseline = getattr(sc.protocol, "baseline_table", None)
     if baseline is None:
-        raise ScenarioError(f"protocol.name: compare needs a protocol that names an equal-budget baseline "
-                            f"(baseline_table on its parameter class); {sc.protocol.name!r} does not")
+        from protocols import registry
+
+        able = [n for n in registry.builtin_names() if hasattr(registry.lookup(n).params, "baseline_table")]
+        raise ScenarioError(f"protocol.name: {sc.protocol.name!r} has no naive baseline to compare with: compare "
+                            f"runs {' and '.join(able)} against theirs at equal total privacy (a plugin names its "
+                            f"own with baseline_table() on its parameter class)")
     raw = apply_overrides(sc.raw, [])
     raw.pop("collector", None)
     raw["protocol"] = baseline()
@@ -74,6 +78,12 @@ def compare(sc: Scenario, out: Path,
     return table
 
 
+def _epoch_label(sc: Scenario) -> str:
+    """The x axis of a comparison: epochs, with their length in rounds and hours."""
+    length = int(getattr(sc.protocol, "epoch_length", 1))
+    return f"epoch ({length} rounds of {sc.simulation.round_seconds / 3600:g} h each)"
+
+
 def _plot(path: Path, epochs, truth, results, sc: Scenario) -> None:
     import matplotlib
 
@@ -99,7 +109,7 @@ def _plot(path: Path, epochs, truth, results, sc: Scenario) -> None:
         hist = results[k].ledger.history
         bottom.plot(epochs, [h["max"] for h in hist], color=color, lw=1.5, label=f"{k}: max")
         bottom.plot(epochs, [h["mean"] for h in hist], color=color, lw=1, ls="--", label=f"{k}: mean")
-    plots.count_axis(bottom, "epoch")
+    plots.count_axis(bottom, _epoch_label(sc))
     bottom.set_ylabel("cumulative ε per device")
     bottom.legend(fontsize=8)
     fig.tight_layout()
@@ -162,7 +172,6 @@ def _plot_items(path: Path, epochs, truth, ests: dict, results, sc: Scenario, wi
     from matplotlib.lines import Line2D
 
     name = sc.protocol.name
-    length = int(getattr(sc.protocol, "epoch_length", 1))
     fig, (top, mid, bottom) = plt.subplots(3, 1, figsize=(10, 9), sharex=True, height_ratios=(2.2, 1, 1))
     tracked = list(dict.fromkeys(int(v) for v in np.argmax(truth, axis=1)))[:4]  # ever the most frequent
     colors = ["tab:blue", "tab:red", "tab:green", "tab:purple"]
@@ -194,8 +203,7 @@ def _plot_items(path: Path, epochs, truth, ests: dict, results, sc: Scenario, wi
         bottom.plot(epochs, [h["mean"] for h in hist], color=color, lw=1, ls="--", label=f"{key}: mean")
     mid.set_ylabel("max item error\n(share of devices)")
     mid.legend(fontsize=8)
-    hours = sc.simulation.round_seconds / 3600
-    plots.count_axis(bottom, f"epoch ({length} rounds of {hours:g} h each)")
+    plots.count_axis(bottom, _epoch_label(sc))
     bottom.set_ylabel("cumulative ε per device")
     bottom.legend(fontsize=8)
     fig.tight_layout()

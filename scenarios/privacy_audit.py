@@ -15,8 +15,9 @@ simulator's own device objects and extended to whole transcripts of interactive,
    values, else a product of per-field histograms).
 3. The test's threshold is chosen on the calibration split (20% of the canaries) and applied once to the
    rest. With TPR = P[guess 1 | input 1] and FPR = P[guess 1 | input 0] measured there, any eps-LDP
-   mechanism has TPR <= e^eps FPR, so eps_lb = ln(TPR_low / FPR_high), with 99% Clopper-Pearson bounds on
-   each rate, is a lower bound on the true epsilon with confidence at least 98%. eps_hat = ln(TPR / FPR) is
+   mechanism has TPR <= e^eps FPR, so eps_lb = ln(TPR_low / FPR_high), with two-sided 99% Clopper-Pearson
+   intervals on each rate (one end of each: 0.5% to fail apiece), is a lower bound on the true epsilon with
+   confidence at least 99%. eps_hat = ln(TPR / FPR) is
    the point estimate. A lower bound above the protocol's claim is a bug in the protocol's code or its
    accounting.
 
@@ -556,8 +557,9 @@ def format_table(rows: Sequence[Row]) -> str:
 
 
 def markdown_table(rows: Sequence[Row]) -> str:
-    """The rows as a Markdown table (docs/privacy_audit.md): the claim, eps_hat and its 99% interval."""
-    out = ["| protocol | game | rounds | claimed | eps_hat | 99% interval [eps_lb, eps_ub] | canaries per input | test |",
+    """The rows as a Markdown table (docs/privacy_audit.md): the claim, eps_hat and its bounds (each end a 99%
+    one-sided bound, the interval as a whole at least 98%)."""
+    out = ["| protocol | game | rounds | claimed | eps_hat | [eps_lb, eps_ub] (each end 99%) | canaries per input | test |",
            "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r.eps_lb is None:

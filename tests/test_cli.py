@@ -737,3 +737,23 @@ def test_a_run_whose_collector_rejects_its_own_devices_says_so(tmp_path, capsys)
     assert "its own devices' messages" not in capsys.readouterr().err
     messages = summary_of(tmp_path / "late")["messages"]
     assert messages["late"] > 0 and messages["rejected"] == messages["late"] and messages["first_rejection"] is None
+
+
+@pytest.mark.parametrize("command", ["run", "sweep", "compare", "audit"])
+def test_an_unknown_option_is_told_with_the_command_s_own_usage(command, capsys):
+    """`ldpsim sweep quickstart --bogus` printed the top-level usage (every command); now the command's own, and
+    exit 2."""
+    with pytest.raises(SystemExit) as stop:
+        main([command, "quickstart", *(["--out", "unused"] if command == "sweep" else []), "--bogus"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"usage: ldpsim {command} ") and err.strip().endswith(
+        f"ldpsim {command}: error: unrecognized arguments: --bogus"), err
+
+
+def test_compare_of_a_protocol_without_a_baseline_names_those_that_have_one(capsys):
+    assert main(["compare", "quickstart"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "ldpsim: error: protocol.name: '1bitrrpm' has no naive baseline to compare with: compare runs thresh and "
+        "heavythresh against theirs at equal total privacy (a plugin names its own with baseline_table() on its "
+        "parameter class)")

@@ -59,12 +59,14 @@ def test_round_and_epoch_axes_are_ticked_at_whole_numbers(tmp_path, monkeypatch)
     from scenarios import compare, output, runner, schema
 
     ticks: list[list[float]] = []
+    xlabels: list[str] = []
     real = Figure.savefig
 
     def spy(fig, *args, **kwargs):
         fig.canvas.draw()  # the locators choose their ticks when drawn
         for ax in fig.axes:
             label = ax.get_xlabel()
+            xlabels.append(label)
             if label.startswith(("round", "epoch", "located round")):
                 lo, hi = ax.get_xlim()
                 ticks.append([t for t in ax.get_xticks() if lo <= t <= hi])
@@ -76,6 +78,7 @@ def test_round_and_epoch_axes_are_ticked_at_whole_numbers(tmp_path, monkeypatch)
     compare.compare(schema.load("thresh_stable", ["population.devices=300", "rounds=21"]), tmp_path / "cmp")
     assert len(ticks) >= 5 and all(t and all(float(x).is_integer() for x in t) for t in ticks), ticks
     assert max(max(t) for t in ticks[:-1]) <= 3, ticks
+    assert xlabels[-1] == "epoch (7 rounds of 24 h each)", xlabels  # THRESH's comparison: how long an epoch is
 
 
 def test_a_histogram_title_names_d_only_for_a_protocol_that_has_one(tmp_path, monkeypatch) -> None:
