@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -97,6 +98,7 @@ class Study:
                     self.cells[(canon(pt[self.k_proto]), pt[self.k_group]["name"], int(pt[self.k_n]),
                                 float(pt[self.k_eps]))].append(float(value))
         self.repeat = int(self.sweep["repeat"])
+        self.days = int(self.sweep["scenario_data"]["rounds"])  # rounds of a day each
         self.m = float(self.sweep["scenario_data"]["protocol"]["max_value"])
         self._params: dict[tuple[str, float], Any] = {}
         self._days: dict[str, np.ndarray] = {}
@@ -216,6 +218,9 @@ def panel(ax: Any, study: Study, group: str, axis: str, fixed: float, style: dic
             ax.plot(fine, cf, "--", lw=0.9, color=color)
     ax.set_xscale("log")
     ax.set_yscale("log")
+    # ticked at the grid's own values, written plainly (matplotlib's 3×10⁻¹ and 4×10⁻¹ ran into each other)
+    ax.set_xticks(xs, [f"{int(x):,}" if axis == "n" else f"{x:g}" for x in xs])
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.grid(True, which="both", alpha=0.25)
 
 
@@ -232,8 +237,8 @@ def figure(study: Study, axis: str, fixed: float, out: Path) -> None:
         if c == 0:
             ax.set_ylabel(ylabel(study))
     axes[0][-1].legend(fontsize=8, loc="best")
-    fig.suptitle(f"{study.sweep['scenario_data']['name']}: mean ± 1 sd over {study.repeat} repetitions of 31 days; "
-                 "dashed: closed form", fontsize=11)
+    fig.suptitle(f"{study.sweep['scenario_data']['name']}: mean ± 1 sd over {study.repeat} repetitions of "
+                 f"{study.days} days; dashed: closed form", fontsize=11)
     fig.tight_layout()
     fig.savefig(out, dpi=100)
     plt.close(fig)
@@ -253,10 +258,13 @@ def grid_figure(study: Study, out: Path) -> None:
                 ax.set_xlabel("devices n")
             if c == 0:
                 ax.set_ylabel("seconds" if study.kind == "mean" else "max bucket error")
-    axes[0][-1].legend(fontsize=6, loc="best")
+    handles, labels = axes[0][0].get_legend_handles_labels()  # below the panels, off every curve
+    ncol = min(len(labels), 4)
+    fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=8)
     fig.suptitle(f"{study.sweep['scenario_data']['name']}: {ylabel(study)} against n at every ε "
-                 f"(mean ± 1 sd over {study.repeat} repetitions; dashed: closed form)", fontsize=11)
-    fig.tight_layout()
+                 f"(mean ± 1 sd over {study.repeat} repetitions; dashed: closed form)", fontsize=11, wrap=True)
+    rows = -(-len(labels) // ncol)
+    fig.tight_layout(rect=(0, (0.25 + 0.22 * rows) / fig.get_figheight(), 1, 0.95))
     fig.savefig(out, dpi=90)
     plt.close(fig)
 
