@@ -68,8 +68,17 @@ def differences(theirs: dict[str, Any], mine: dict[str, Any]) -> list[str]:
     """The entries of two sweep.json definitions that make them different sweeps (empty: the same sweep, or
     one that extends it, so its runs may be resumed); one written before ``on_every_point`` existed has none."""
     theirs = {"on_every_point": [], **theirs}
-    diff = [k for k in _IDENTITY if theirs.get(k) != mine[k]]
+    diff = [k for k in _IDENTITY if (_unlabelled(theirs.get(k)) if k == "scenario_data" else theirs.get(k))
+            != (_unlabelled(mine[k]) if k == "scenario_data" else mine[k])]
     return [] if diff and set(diff) <= {"grid", "repeat", "seeds"} and extends(theirs, mine) else diff
+
+
+def _unlabelled(data: Any) -> Any:
+    """A sweep's scenario without what only labels its output (``[population] unit``): a unit added to a study
+    file does not make its finished runs another sweep's."""
+    if not (isinstance(data, dict) and isinstance(data.get("population"), dict) and "unit" in data["population"]):
+        return data
+    return {**data, "population": {k: v for k, v in data["population"].items() if k != "unit"}}
 
 
 def extends(theirs: dict[str, Any], mine: dict[str, Any]) -> bool:

@@ -779,6 +779,19 @@ def test_a_study_resumed_with_another_set_on_every_point_is_refused(tmp_path):
                                                           "on_every_point": []}) == []
 
 
+@pytest.mark.parametrize("study", ["ding_mean", "ding_histogram", "low_population", "topl_pos"])
+def test_a_shipped_study_is_the_sweep_its_study_file_plans(study):
+    """The shipped docs/<study>/sweep.json is the sweep its study file plans today, so repeating the documented
+    command resumes it: a label-only key added to the study file since ([population] unit) must not make it
+    another sweep, while any key that changes the runs does."""
+    shipped = json.loads((Path(__file__).resolve().parent.parent / "docs" / study / "sweep.json").read_text())
+    plan = sweep.plan(str(schema.SHIPPED / "studies" / f"{study}.toml"), [], repeat=None).definition()
+    assert sweep.differences(shipped, plan) == []
+    moved = json.loads(json.dumps(plan))
+    moved["scenario_data"]["seed"] += 1
+    assert sweep.differences(shipped, moved) == ["scenario_data"]
+
+
 def test_a_key_swept_beside_a_whole_table_is_checked_with_the_sets_on_top():
     """The README's small try of the ToPL figure-8 study (2 tables x 2 epsilons x 2 weightings): ``--set
     protocol.holdout=1024`` (under the protocol table the study's grid sets whole) is what makes 4,096 devices
