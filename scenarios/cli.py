@@ -228,7 +228,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     scenario = load(args.scenario, args.set)
     resources.check_memory(scenario.devices)
-    out = Path(args.out or f"runs/{scenario.name}-compare")
+    out = Path(args.out) if args.out else Path("runs") / f"{scenario.name}-compare-{time.strftime('%Y%m%d-%H%M%S')}"
     if (out / "compare.json").exists() and not args.force:
         raise ScenarioError(f"--out {out}: holds a finished comparison; pass --force to overwrite it or choose "
                             "another")
@@ -600,7 +600,7 @@ def parser() -> argparse.ArgumentParser:
     cmp_ = sub.add_parser("compare", help="a protocol against its naive baseline at equal total privacy per "
                                           "device (THRESH: per-epoch randomized response)")
     cmp_.add_argument("scenario", help="a thresh scenario file or shipped name (e.g. thresh_stable)")
-    cmp_.add_argument("--out", help="output directory (default: runs/<name>-compare)")
+    cmp_.add_argument("--out", help="output directory (default: runs/<name>-compare-<timestamp>)")
     cmp_.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a scenario key")
     cmp_.add_argument("--quiet", action="store_true", help="no progress bars")
     cmp_.add_argument("--force", action="store_true", help="overwrite a finished comparison in --out")
