@@ -12,14 +12,10 @@ from collector.stages import round_stages
 from collector.hostile import Hostility, describe
 from collector.network import Inbox, Network
 from protocols import wire
-from protocols.base import CollectorSide, ProtocolError, RoundResult
+from protocols.base import CollectorSide, LateBatch, ProtocolError, RoundResult
 from protocols.messages import ReportBatch
 
 LOGGED_REJECTIONS_PER_ROUND = 20  # beyond this, rejections are only counted (a flood must not flood the log)
-
-
-class LateBatch(ProtocolError):
-    """A report batch that arrived after its round's (or stage's) deadline."""
 
 
 @dataclass

@@ -48,9 +48,9 @@ import numpy as np
 
 from collector.stages import round_stages
 from collector.hostile import Hostility, describe
-from collector.process import LOGGED_REJECTIONS_PER_ROUND, CollectorStats, LateBatch
+from collector.process import LOGGED_REJECTIONS_PER_ROUND, CollectorStats
 from protocols import auth, wire
-from protocols.base import CollectorSide, ProtocolError, RoundResult
+from protocols.base import CollectorSide, LateBatch, ProtocolError, RoundResult
 from protocols.framing import FrameDecoder, FrameTooLarge, frame
 from protocols.messages import Challenge, End, Hello, Message, Refusal, ReportBatch
 

@@ -56,6 +56,11 @@ class ProtocolError(ValueError):
     column...). Runtimes count it against the peer and carry on."""
 
 
+class LateBatch(ProtocolError):
+    """A report batch that arrived after its round's or stage's deadline (a runtime counts it as late, not as
+    a batch the protocol refuses)."""
+
+
 class DefinitionError(ValueError):
     """A protocol class that declares what no runtime can run (a report column of a dtype the wire does not
     carry, say): the plugin author's to fix; the command line says it in one line."""

@@ -27,7 +27,7 @@ from typing import Any, ClassVar, Mapping
 
 from protocols import snapshot as snap
 from protocols import transcript
-from protocols.base import MisuseError, ProtocolError, RoundResult
+from protocols.base import LateBatch, MisuseError, ProtocolError, RoundResult
 from protocols.collecting import Column, Stage
 from protocols.messages import CollectionRequest, ReportBatch
 
@@ -131,6 +131,13 @@ class StagedCollector:
     def receive(self, batch: ReportBatch) -> int:
         if self.state == IDLE:
             raise ProtocolError("no stage is open")
+        names = set(batch.columns)
+        if batch.round == self.round and names != {c.name for c in self._stages[self.state].columns}:
+            other = next((s for s, st in self._stages.items() if s != self.state
+                          and names == {c.name for c in st.columns}), None)
+            if other is not None:  # an answer to a stage of this round that closed before it arrived
+                raise LateBatch(f"a {self.name} batch of stage {other!r} of round {batch.round}, which is not open "
+                                f"(stage {self.state!r} is)")
         self.check_batch(self.state, batch)
         return self._stages[self.state].receive(batch)
 

@@ -737,6 +737,13 @@ def test_a_run_whose_collector_rejects_its_own_devices_says_so(tmp_path, capsys)
     assert "its own devices' messages" not in capsys.readouterr().err
     messages = summary_of(tmp_path / "late")["messages"]
     assert messages["late"] > 0 and messages["rejected"] == messages["late"] and messages["first_rejection"] is None
+    # THRESH, two stages a round: a vote batch that arrives while the estimate stage is open is late, not a
+    # disagreement (it was counted as "a thresh batch has exactly the columns ['est'], got ['vote']")
+    assert main(["run", "thresh_stable", "--out", str(tmp_path / "thresh"), "--set", "population.devices=300", "--set",
+                 "rounds=21", "--set", "network.jitter=900", "--quiet"]) == 0
+    assert "its own devices' messages" not in capsys.readouterr().err
+    messages = summary_of(tmp_path / "thresh")["messages"]
+    assert messages["late"] >= 3 and messages["rejected"] == messages["late"] and messages["first_rejection"] is None
 
 
 @pytest.mark.parametrize("command", ["run", "sweep", "compare", "audit"])
