@@ -55,6 +55,8 @@ def error_of(params: Any, unit: str | None = None) -> str:
     own = getattr(params, "error_of", None)
     if isinstance(own, str) and own:
         return own
+    if getattr(params, "estimate_label", None):  # a plugin's own words for what it estimates: maybe not the unit
+        unit = None
     return in_unit(ERROR_OF.get(params.kind, "per estimated number"), unit)
 
 

@@ -28,7 +28,7 @@ from scenarios.metrics import error_summary, range_mse, range_queries, round_met
 from scenarios.runner import RunResult, bucket_width, protocol_parameters
 from scenarios import tables
 from scenarios import accounting, jsonout
-from scenarios.labels import with_unit
+from scenarios.labels import BAND, TRUTH_MEAN, with_unit
 from scenarios.tables import atomic_path
 
 if TYPE_CHECKING:
@@ -342,8 +342,8 @@ def _write_estimates(result: RunResult, out: Path, seconds: dict[str, float] | N
         # which need not be in the counters' unit
         unit = None if label else sc.unit
         draw("estimates_plot", rounds, truth, est, sd, title, changed,
-             str(label) if label else with_unit("mean counter", unit), "truth (mean over the devices present)",
-             "truth ± 1.96 sd (theory)", with_unit("estimate − truth", unit))
+             str(label) if label else with_unit("mean counter", unit), TRUTH_MEAN, BAND,
+             with_unit("estimate − truth", unit))
         return
     k = width_of(sc.protocol)
     if k is None:

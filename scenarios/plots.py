@@ -19,7 +19,7 @@ matplotlib.use("Agg")
 from matplotlib.figure import Figure  # noqa: E402
 import numpy as np  # noqa: E402
 
-from scenarios.labels import with_unit  # noqa: E402
+from scenarios.labels import BAND, TRUTH_MEAN, with_unit  # noqa: E402
 
 
 def subplots(*args: Any, figsize: tuple[float, float], **kwargs: Any) -> tuple[Figure, Any]:
@@ -68,8 +68,7 @@ def _close(fig: Figure) -> None:
 
 def estimates_plot(path: Path, rounds: np.ndarray, truth: np.ndarray, estimate: np.ndarray, sd: np.ndarray,
                    title: str, change_rounds: list[int], ylabel: str = "mean counter",
-                   truth_label: str = "truth (mean over the devices present)",
-                   band_label: str = "truth ± 1.96 sd (theory)", error_label: str = "estimate − truth"
+                   truth_label: str = TRUTH_MEAN, band_label: str = BAND, error_label: str = "estimate − truth"
                    ) -> None:
     """Truth and estimate per round with the theory's ±1.96 sd band (none where ``sd`` is NaN), and the error
     below; ``ylabel`` and ``truth_label`` say what is estimated (a mean, or a sum for ToPL and ToPS), ``ylabel``
@@ -147,7 +146,7 @@ def histogram_plot(path: Path, rounds: np.ndarray, per_round: list[dict[str, flo
     top.set_ylabel("max |ĥ(v) − h(v)|", color="tab:red")
     twin = top.twinx()
     twin.plot(rounds, [m["wasserstein"] for m in per_round], "s--", color="tab:blue", ms=3,
-              label=f"Wasserstein-1 ({unit or 'value units'})")
+              label=with_unit("Wasserstein-1", unit or "value units"))
     twin.set_ylabel(with_unit("W1, clipped and renormalized", unit), color="tab:blue")
     for r in change_rounds:
         top.axvline(r, color="grey", ls=":", lw=1)

@@ -214,7 +214,7 @@ class RayShards:
             except failed as exc:  # an exception in the shard's code: no restart would help
                 own = getattr(exc, "cause", None)  # the actor's own exception (Ray carries it back)
                 if type(own).__name__ in _RERAISED:  # one the command reports in one line, as a worker's is
-                    raise _RERAISED[type(own).__name__](str(own)) from None
+                    raise _RERAISED[type(own).__name__](str(own)[:2000]) from None
                 raise WorkerError(f"Ray shard {k} failed: {_last_line(exc)}") from None
             except errors as exc:
                 if getattr(exc, "actor_init_failed", False):  # its constructor raised: Ray does not restart it

@@ -975,6 +975,7 @@ def plot_figures(sweep: Sweep, header: list[str], rows: list[dict[str, Any]], ou
     import numpy as np
 
     from scenarios import plots
+    from scenarios.labels import plain
 
     xkey, others = sweep.keys[0], sweep.keys[1:]
     xvals = sweep.grid[xkey]
@@ -1018,7 +1019,7 @@ def plot_figures(sweep: Sweep, header: list[str], rows: list[dict[str, Any]], ou
             ax.set_xticks(xpos, xlabels, rotation=20 if max(map(len, xlabels)) > 12 else 0, ha="right"
                           if max(map(len, xlabels)) > 12 else "center", fontsize=8)
         ax.set_xlabel(xkey)
-        ax.set_ylabel(error_axis(col, kinds, unit))
+        ax.set_ylabel(error_axis(col, kinds, plain(unit) if unit else None))
         if count:
             ax.set_ylim(bottom=0)
         ax.set_title(f"{sweep.name}: {col} (mean ± 1 s.e. over {sweep.repeat} repetition"

@@ -132,6 +132,10 @@ def test_a_declared_unit_labels_the_pictures_the_error_line_and_the_summary(tmp_
     assert "mean counter" in labels and not any("seconds" in t for t in labels), labels
     assert json.loads((tmp_path / "plain" / "summary.json").read_text())["unit"] is None
     assert "in the counter's units" in metrics.error_of(plain.scenario.protocol, plain.scenario.unit)
+    labels.clear()  # a unit of dollars: drawn as written (matplotlib took "$_$" for math and failed)
+    dollars = runner.run(schema.parse({**raw, "population": {**raw["population"], "unit": "$_$"}}))
+    output.write_run_dir(dollars, tmp_path / "dollars", painter=None)
+    assert r"mean counter (\$_\$)" in labels, labels
 
 
 @pytest.mark.parametrize("unit", ["", " seconds", "x" * 41, "a\nb", 3])
@@ -142,3 +146,16 @@ def test_a_unit_that_labels_nothing_readable_is_refused(unit) -> None:
     bad = {**raw, "population": {**raw["population"], "unit": unit}}
     with pytest.raises(schema.ScenarioError, match=r"^population\.unit"):
         schema.parse(bad)
+
+
+def test_a_plugin_s_own_estimate_label_takes_no_unit_in_the_error_line() -> None:
+    """A plugin that words what it estimates (estimate_label) may not estimate in the counters' unit: its
+    picture drops the unit, and so does the error line (it had said "in seconds" beside it)."""
+    from types import SimpleNamespace
+
+    from scenarios import metrics
+
+    plain_mean = SimpleNamespace(kind="mean")
+    labelled = SimpleNamespace(kind="mean", estimate_label="share of devices over a limit")
+    assert metrics.error_of(plain_mean, "seconds") == "of each round's mean counter, in seconds"
+    assert metrics.error_of(labelled, "seconds") == "of each round's mean counter, in the counter's units"
