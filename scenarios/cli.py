@@ -144,7 +144,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     err, eps, pv = summary["error"], summary["epsilon"], summary["privacy"]
     print(f"mean |error| {_num(err['mean_abs'])}, max |error| {_num(err['max_abs'])} "
-          f"({metrics.error_of(scenario.protocol, scenario.unit)}{_missing_rounds(err, scenario)}); per-device spend (epsilon): "
+          f"({metrics.error_of(scenario.protocol, scenario.unit)}{_missing_rounds(err, scenario)}); "
+          f"per-device spend (epsilon): "
           f"max {_num(eps['max'])}, mean {_num(eps['mean'])}, p99 {_num(eps['p99'])} "
           f"(guarantee {_num(pv['guarantee'])}{_within_pattern(pv)}); messages rejected "
           f"{summary['messages']['rejected']}; "
