@@ -86,6 +86,7 @@ class StagedCollector:
             raise MisuseError(f"{name}: stages {list(stages)} are not the graph's {list(self.GRAPH.stages)}")
         self.name, self.n_devices = name, int(n_devices)
         self._stages = {s: Stage(name, cols, n_devices) for s, cols in stages.items()}
+        self._column_names = {s: frozenset(c.name for c in cols) for s, cols in stages.items()}
         self.state = IDLE
         self.round = 0
 
@@ -131,10 +132,9 @@ class StagedCollector:
     def receive(self, batch: ReportBatch) -> int:
         if self.state == IDLE:
             raise ProtocolError("no stage is open")
-        names = set(batch.columns)
-        if batch.round == self.round and names != {c.name for c in self._stages[self.state].columns}:
-            other = next((s for s, st in self._stages.items() if s != self.state
-                          and names == {c.name for c in st.columns}), None)
+        names = self._column_names
+        if batch.round == self.round and set(batch.columns) != names[self.state]:
+            other = next((s for s in names if s != self.state and set(batch.columns) == names[s]), None)
             if other is not None:  # an answer to a stage of this round that closed before it arrived
                 raise LateBatch(f"a {self.name} batch of stage {other!r} of round {batch.round}, which is not open "
                                 f"(stage {self.state!r} is)")

@@ -122,7 +122,7 @@ def _check_columns(batch: ReportBatch) -> None:
     column: an honest device side that builds one (a plugin's uint16 column, say) is its author's to fix."""
     for name, col in batch.columns.items():
         if isinstance(col, np.ndarray) and not isinstance(col, Bits) and col.dtype.newbyteorder("<") not in _CODE_OF:
-            from protocols.base import DefinitionError  # here, not at the top: base's imports reach this module
+            from protocols.base import DefinitionError  # here, not at the top: base imports numba via the ledger
 
             raise DefinitionError(f"{batch.protocol}: the device side's report column {name!r}: dtype "
                                   f"{col.dtype} does not travel on the wire (one of "

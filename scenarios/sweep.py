@@ -67,9 +67,9 @@ _IDENTITY = ("scenario_data", "grid", "repeat", "seeds", "on_every_point")  # wh
 def differences(theirs: dict[str, Any], mine: dict[str, Any]) -> list[str]:
     """The entries of two sweep.json definitions that make them different sweeps (empty: the same sweep, or
     one that extends it, so its runs may be resumed); one written before ``on_every_point`` existed has none."""
-    theirs = {"on_every_point": [], **theirs}
-    diff = [k for k in _IDENTITY if (_unlabelled(theirs.get(k)) if k == "scenario_data" else theirs.get(k))
-            != (_unlabelled(mine[k]) if k == "scenario_data" else mine[k])]
+    theirs = {"on_every_point": [], **theirs, "scenario_data": _unlabelled(theirs.get("scenario_data"))}
+    mine = {**mine, "scenario_data": _unlabelled(mine["scenario_data"])}
+    diff = [k for k in _IDENTITY if theirs.get(k) != mine[k]]
     return [] if diff and set(diff) <= {"grid", "repeat", "seeds"} and extends(theirs, mine) else diff
 
 
