@@ -829,7 +829,11 @@ def _exit_now(code: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = parser()
     args, unknown = ap.parse_known_args(argv)
-    if unknown:  # said by the command's own parser, with its usage (the top level's lists every command)
+    if unknown:  # said by the parser whose options they stood among, with its usage
+        given = sys.argv[1:] if argv is None else argv
+        before = given[:given.index(args.command)] if args.command in given else []
+        if any(u in before for u in unknown):  # `ldpsim --bogus run ...`: the top level's (every command)
+            ap.error(f"unrecognized arguments: {' '.join(unknown)}")
         sub = next(a for a in ap._actions if isinstance(a, argparse._SubParsersAction))
         sub.choices[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     if _is_process_entry(argv):  # the ldpsim program owns its process (not a caller passing argv)

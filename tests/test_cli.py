@@ -758,6 +758,16 @@ def test_an_unknown_option_is_told_with_the_command_s_own_usage(command, capsys)
         f"ldpsim {command}: error: unrecognized arguments: --bogus"), err
 
 
+def test_an_unknown_option_before_the_command_is_told_with_the_top_level_usage(capsys):
+    """`ldpsim --bogus run quickstart` was reported with `ldpsim run`'s usage, as if run had no --bogus."""
+    with pytest.raises(SystemExit) as stop:
+        main(["--bogus", "run", "quickstart"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: ldpsim [-h]") and err.strip().endswith(
+        "ldpsim: error: unrecognized arguments: --bogus"), err
+
+
 def test_compare_of_a_protocol_without_a_baseline_names_those_that_have_one(capsys):
     assert main(["compare", "quickstart"]) == 2
     assert capsys.readouterr().err.strip() == (
