@@ -118,15 +118,25 @@ def _fixed_bytes(b: bytes, n: int, what: str) -> np.ndarray:
 
 
 def _check_columns(batch: ReportBatch) -> None:
-    """Refuse a report column of a dtype the wire does not carry before packing, naming the protocol and the
-    column: an honest device side that builds one (a plugin's uint16 column, say) is its author's to fix."""
+    """Refuse a report column the wire does not carry (a dtype outside :data:`WIRE_DTYPES`, an array of other
+    than one or two dimensions, more than :data:`MAX_ELEMENTS` values) before packing, naming the protocol and
+    the column: an honest device side that builds one (a plugin's uint16 column, say) is its author's to fix."""
     for name, col in batch.columns.items():
-        if isinstance(col, np.ndarray) and not isinstance(col, Bits) and col.dtype.newbyteorder("<") not in _CODE_OF:
-            from protocols.base import DefinitionError  # here, not at the top: base imports numba via the ledger
+        if not isinstance(col, np.ndarray):
+            continue
+        if not isinstance(col, Bits) and col.dtype.newbyteorder("<") not in _CODE_OF:
+            wrong = (f"dtype {col.dtype} does not travel on the wire (one of "
+                     f"{', '.join(sorted(d.str[1:] for d in WIRE_DTYPES))}; wire.bits for bits)")
+        elif col.ndim not in (1, 2):
+            wrong = f"{col.ndim} dimensions {col.shape}; the wire carries one value or a row of values a device"
+        elif col.size > MAX_ELEMENTS:
+            wrong = (f"{col.size:,} values exceed the wire's {MAX_ELEMENTS:,} a message (send smaller cohorts: "
+                     f"[simulation] cohort_size)")
+        else:
+            continue
+        from protocols.base import DefinitionError  # here, not at the top: base imports numba via the ledger
 
-            raise DefinitionError(f"{batch.protocol}: the device side's report column {name!r}: dtype "
-                                  f"{col.dtype} does not travel on the wire (one of "
-                                  f"{', '.join(sorted(d.str[1:] for d in WIRE_DTYPES))}; wire.bits for bits)")
+        raise DefinitionError(f"{batch.protocol}: the device side's report column {name!r}: {wrong}")
 
 
 def encode(msg: Message) -> bytes:

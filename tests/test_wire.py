@@ -828,3 +828,21 @@ def test_structure_aware_fuzz_of_framing():
     rng = np.random.default_rng(11)
     frames = sum(check_stream(*fuzz_stream(rng)) for _ in range(600))
     assert frames > 600
+
+
+@pytest.mark.parametrize("column, wrong", [
+    (np.zeros((4, 2, 2), np.uint8), "3 dimensions (4, 2, 2); the wire carries one value or a row of values a device"),
+    (np.zeros(wire.MAX_ELEMENTS + 1, np.uint8), f"{wire.MAX_ELEMENTS + 1:,} values exceed the wire's "
+                                                f"{wire.MAX_ELEMENTS:,} a message (send smaller cohorts: "
+                                                "[simulation] cohort_size)"),
+    (np.zeros(4, np.uint16), "dtype uint16 does not travel on the wire (one of f4, f8, i4, i8, u1, u4, u8; "
+                             "wire.bits for bits)"),
+])
+def test_a_device_side_column_the_wire_cannot_carry_is_named_before_packing(column, wrong):
+    """A plugin's device side building a column of a dtype, a shape or a size the wire does not carry gets one
+    DefinitionError naming the protocol and the column (3-D and oversized columns were the encoder's ValueError)."""
+    from protocols.base import DefinitionError
+
+    with pytest.raises(DefinitionError) as err:
+        encode(ReportBatch(1, "myproto", np.arange(4, dtype=np.uint64), {"y": column}))
+    assert str(err.value) == f"myproto: the device side's report column 'y': {wrong}"
