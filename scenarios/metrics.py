@@ -50,13 +50,15 @@ ERROR_OF = {"mean": "of each round's mean counter, in the counter's units",
 
 def error_of(params: Any, unit: str | None = None) -> str:
     """What a protocol's error figures are errors of: its parameter class's ``error_of`` (a plugin's own
-    words), else :data:`ERROR_OF` by its kind of estimate, with ``unit`` (the scenario's [population] unit)
-    named in place of "the counter's units"."""
+    words); else, for a mean whose plugin words what it estimates (``estimate_label``), each round's that (in
+    no unit: it need not be the counters'); else :data:`ERROR_OF` by its kind of estimate, with ``unit`` (the
+    scenario's [population] unit) named in place of "the counter's units"."""
     own = getattr(params, "error_of", None)
     if isinstance(own, str) and own:
         return own
-    if getattr(params, "estimate_label", None):  # a plugin's own words for what it estimates: maybe not the unit
-        unit = None
+    label = getattr(params, "estimate_label", None)
+    if isinstance(label, str) and label and getattr(params, "kind", None) == "mean":
+        return f"of each round's {label}"
     return in_unit(ERROR_OF.get(params.kind, "per estimated number"), unit)
 
 

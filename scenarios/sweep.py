@@ -927,33 +927,41 @@ def log_axis(values: Iterable[Any]) -> bool:
     return bool(vs) and all(_number(v) and v > 0 for v in vs) and max(vs) / min(vs) > 20
 
 
-def _estimate_kinds(sweep: Sweep) -> set[str | None]:
-    """The kinds of estimate (``params.kind``: mean, histogram, ...) of the sweep's protocols; None for a
-    protocol that cannot be looked up here."""
+def _errors_of(sweep: Sweep) -> set[tuple[str, bool] | None]:
+    """What the error figures of each of the sweep's protocols are errors of (scenarios.metrics.error_of, no
+    unit named yet) and whether in the protocol's own words (a plugin's ``error_of`` or ``estimate_label``:
+    the scenario's unit is not named in them); None for a protocol that cannot be looked up here or whose kind
+    of estimate has no words."""
     from protocols import registry
+    from scenarios.metrics import ERROR_OF, error_of
 
     points = sweep.points if any(k in ("protocol", "protocol.name") for k in sweep.keys) else sweep.points[:1]
-    kinds: set[str | None] = set()
+    ofs: set[tuple[str, bool] | None] = set()
     for name in {str(sweep.point_data(p).get("protocol", {}).get("name")) for p in points}:
         try:
-            kinds.add(getattr(registry.lookup(name).params, "kind", None))
+            params = registry.lookup(name).params
         except registry.RegistryError:
-            kinds.add(None)
-    return kinds
+            ofs.add(None)
+            continue
+        phrase, generic = error_of(params), ERROR_OF.get(getattr(params, "kind", None))
+        ofs.add((phrase, True) if phrase != generic else (phrase, False) if generic else None)
+    return ofs
 
 
-def error_axis(col: str, kinds: set[str | None], unit: str | None = None) -> str:
+def error_axis(col: str, ofs: set[tuple[str, bool] | None], unit: str | None = None) -> str:
     """A plot's axis label for the results column ``col`` (error_<figure>): the figure in words, and what it is
-    an error of where every run of the sweep estimates the same kind of number; ``unit``: what every run's
-    counters count (the sweep's [population] unit), named instead of "the counter's units"."""
-    from scenarios.metrics import ERROR_FIGURES, ERROR_OF, in_unit
+    an error of where every run of the sweep says the same (:func:`_errors_of`); ``unit``: what every run's
+    counters count (the sweep's [population] unit), named instead of "the counter's units" except in a
+    protocol's own words."""
+    from scenarios.metrics import ERROR_FIGURES, in_unit
 
     figure = col.removeprefix("error_")
-    text = ERROR_FIGURES.get(figure, col)
-    (kind,) = kinds if len(kinds) == 1 else (None,)
-    if figure not in ("rounds_without_estimate", "wasserstein") and kind in ERROR_OF:
-        text += f"\n({ERROR_OF[kind]})"
-    return in_unit(text, unit)
+    text = in_unit(ERROR_FIGURES.get(figure, col), unit)
+    (of,) = ofs if len(ofs) == 1 else (None,)
+    if figure not in ("rounds_without_estimate", "wasserstein") and of is not None:
+        phrase, own = of
+        text += f"\n({phrase if own else in_unit(phrase, unit)})"
+    return text
 
 
 def _unit(sweep: Sweep) -> str | None:
@@ -986,7 +994,7 @@ def plot_figures(sweep: Sweep, header: list[str], rows: list[dict[str, Any]], ou
     order = {k: {lab: j for j, lab in enumerate(value_labels(sweep.grid[k]))} for k in others}
     fixed = {k: value_labels(sweep.grid[k])[0] for k in others if len(sweep.grid[k]) == 1}  # in the title
     held = "".join(f"; {k}={v}" for k, v in fixed.items())
-    kinds, unit = _estimate_kinds(sweep), _unit(sweep)
+    ofs, unit = _errors_of(sweep), _unit(sweep)
     written = []
     for col in (c for c in header if c.startswith("error_")):
         groups: dict[tuple[str, ...], dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
@@ -1019,7 +1027,7 @@ def plot_figures(sweep: Sweep, header: list[str], rows: list[dict[str, Any]], ou
             ax.set_xticks(xpos, xlabels, rotation=20 if max(map(len, xlabels)) > 12 else 0, ha="right"
                           if max(map(len, xlabels)) > 12 else "center", fontsize=8)
         ax.set_xlabel(xkey)
-        ax.set_ylabel(error_axis(col, kinds, plain(unit) if unit else None))
+        ax.set_ylabel(error_axis(col, ofs, plain(unit) if unit else None))
         if count:
             ax.set_ylim(bottom=0)
         ax.set_title(f"{sweep.name}: {col} (mean ± 1 s.e. over {sweep.repeat} repetition"

@@ -11,6 +11,7 @@ from typing import Any
 
 from protocols.baselines import KFlipDevices, KFlipParams
 from protocols.guard import Guarantee
+from protocols.onebit import OneBitParams
 from scenarios import schema
 
 __all__ = ["PROTOCOL_TABLES", "live_scenarios", "protocol_scenario"]
@@ -74,6 +75,17 @@ class UnderstatedKFlip(KFlipParams):
 
     def guarantee(self, horizon: int) -> Guarantee:
         return Guarantee(horizon * self.epsilon / 2, f"R x eps / 2 = {horizon} x {self.epsilon:g} / 2 (understated)")
+
+
+class ShareOneBit(OneBitParams):
+    """1BitMean under a plugin's own words for what it estimates (``estimate_label``): its error lines and sweep
+    axes must name that, not "mean counter" in the scenario's unit. ``tests.support:ShareOneBit``."""
+
+    estimate_label = "share of the day in use"
+
+    @classmethod
+    def from_table(cls, name, table, ctx):  # type: ignore[no-untyped-def]
+        return super().from_table("1bitmean", table, ctx)
 
 
 class PlainKFlip:

@@ -150,7 +150,8 @@ def test_a_unit_that_labels_nothing_readable_is_refused(unit) -> None:
 
 def test_a_plugin_s_own_estimate_label_takes_no_unit_in_the_error_line() -> None:
     """A plugin that words what it estimates (estimate_label) may not estimate in the counters' unit: its
-    picture drops the unit, and so does the error line (it had said "in seconds" beside it)."""
+    picture drops the unit, and the error line names the estimate in the plugin's words (it had said "mean
+    counter, in seconds")."""
     from types import SimpleNamespace
 
     from scenarios import metrics
@@ -158,4 +159,4 @@ def test_a_plugin_s_own_estimate_label_takes_no_unit_in_the_error_line() -> None
     plain_mean = SimpleNamespace(kind="mean")
     labelled = SimpleNamespace(kind="mean", estimate_label="share of devices over a limit")
     assert metrics.error_of(plain_mean, "seconds") == "of each round's mean counter, in seconds"
-    assert metrics.error_of(labelled, "seconds") == "of each round's mean counter, in the counter's units"
+    assert metrics.error_of(labelled, "seconds") == "of each round's share of devices over a limit"

@@ -227,6 +227,13 @@ def test_plot_axes_say_what_each_figure_is_and_in_what_units(tmp_path, monkeypat
             for r in (0, 1)]
     sweep.plot_figures(both, ["protocol", "error_mean_abs"], rows, tmp_path)
     assert labels == ["mean |error| over every estimated number"]
+    labels.clear()  # a plugin's own words for its estimate: those, without the scenario's seconds
+    own = sweep.plan("quickstart", ["population.devices=500,1000"], repeat=2,
+                     overrides=['protocol={name="tests.support:ShareOneBit",epsilon=1,max_value=86400}'])
+    sweep.plot_figures(own, ["population.devices", "error_mean_abs"],
+                       [{"population.devices": x, "error_mean_abs": 1.0 + r} for x in ("500", "1000") for r in (0, 1)],
+                       tmp_path)
+    assert labels == ["mean |error| over every estimated number\n(of each round's share of the day in use)"]
 
 
 @pytest.mark.parametrize("gammas, where", [(4, "inside"), (12, "beside"), (36, "note")])
