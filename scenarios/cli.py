@@ -152,22 +152,24 @@ def cmd_run(args: argparse.Namespace) -> int:
           f"simulated in {summary['wall_seconds']:.2f} s", file=sys.stderr if args.json else sys.stdout)
     if args.json:  # stdout holds summary.json alone, for a pipe into a JSON reader
         print(jsonout.dumps(summary, indent=2))
-    _own_rejections(summary)
-    return _privacy_verdict(pv)
+    return max(_own_rejections(summary), _privacy_verdict(pv))
 
 
-def _own_rejections(summary: dict) -> None:
-    """A warning when the collector rejected batches other than late ones in a run whose devices are all the
-    protocol's own (``run``, ``live``): its device and collector sides disagree (a plugin's column of another
-    dtype than the collector declares, say), and those reports were lost while their devices were charged."""
+def _own_rejections(summary: dict) -> int:
+    """1, with a line on stderr, when the collector rejected batches other than late ones in a run whose devices
+    are all the protocol's own (``run``, ``live``): its device and collector sides disagree (a plugin's column of
+    another dtype than the collector declares, say), and those reports were lost while their devices were
+    charged; else 0."""
     msgs = summary["messages"]
     dropped = sum((summary.get("live") or {}).get("dropped", {}).values())  # connections, counted as rejected
     own = int(msgs["rejected"]) - int(msgs["late"]) - int(dropped)
-    if own > 0 and msgs.get("first_rejection") is not None:
-        print(f"ldpsim: warning: the collector rejected {own:,} of its own devices' messages (not counting late "
-              f"ones): the protocol's device and collector sides disagree, and those reports are lost while their "
-              f"devices were charged; the first: {msgs.get('first_rejection')} (events.jsonl: message_rejected)",
-              file=sys.stderr)
+    if own <= 0 or msgs.get("first_rejection") is None:
+        return 0
+    print(f"ldpsim: error: the collector rejected {own:,} of its own devices' messages (not counting late ones): "
+          f"the protocol's device and collector sides disagree, and those reports are lost while their devices "
+          f"were charged; the first: {msgs.get('first_rejection')} (events.jsonl: message_rejected; the run "
+          f"directory is kept)", file=sys.stderr)
+    return 1
 
 
 def _missing_rounds(err: dict, scenario: Any) -> str:
@@ -337,8 +339,7 @@ def cmd_live(args: argparse.Namespace) -> int:
           f"{_num(err['max_abs'])}; per-device spend (epsilon): max {_num(pv.get('max_spend'))} (guarantee "
           f"{_num(pv['guarantee'])}{_within_pattern(pv)}); transcript digest "
           f"{summary['digests']['transcript'][:12]}...; run in {summary['wall_seconds']:.2f} s -> {out}")
-    _own_rejections(summary)
-    return _privacy_verdict(summary["privacy"])
+    return max(_own_rejections(summary), _privacy_verdict(summary["privacy"]))
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

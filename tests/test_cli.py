@@ -719,14 +719,16 @@ def test_a_device_side_column_the_wire_cannot_carry_is_one_line(tmp_path, capsys
 
 def test_a_run_whose_collector_rejects_its_own_devices_says_so(tmp_path, capsys):
     """A device side sending float32 where its collector declares u1: the wire carries it, the collector rejects
-    every batch. The run says so in a warning with the first reason, and summary.json names it; an honest run
-    has no such warning and first_rejection null, late batches (network jitter past the deadline) included."""
+    every batch. The run says so in one line with the first reason and exits 1 (it exited 0 with a warning), and
+    summary.json names it; an honest run has no such line and first_rejection null, late batches (network jitter
+    past the deadline) included."""
     table = 'protocol={name = "tests.support:Float32DevicesKFlip", epsilon = 1.0, max_value = 86400, buckets = 8}'
     assert main(["run", "quickstart", "--out", str(tmp_path / "bad"), "--set", table, "--set",
-                 "population.devices=300", "--set", "rounds=2", "--quiet"]) == 0
+                 "population.devices=300", "--set", "rounds=2", "--quiet"]) == 1
     err = capsys.readouterr().err
     warning = [line for line in err.splitlines() if "its own devices' messages" in line]
-    assert len(warning) == 1 and "rejected 2 of its own devices' messages" in warning[0], err
+    assert len(warning) == 1 and warning[0].startswith("ldpsim: error: the collector rejected 2 of its own "
+                                                       "devices' messages"), err
     assert "column 'y' must be u1, got float32" in warning[0], warning
     messages = summary_of(tmp_path / "bad")["messages"]
     assert messages["rejected"] == 2 and messages["late"] == 0
