@@ -20,7 +20,11 @@ Event hooks: a behavior may be a class instead of a function. The world makes on
 parameters (``Class(**params)``), calls it like a function (without parameters), and, if it has one, calls
 ``observe(day, ids, values)`` after each round with the group's final (clipped) values: the place to keep
 state, e.g. which devices have crossed a level. ``Day.mean`` is the previous round's mean over the whole
-population, for conditions on the population.
+population, for conditions on the population. A class may also say when it changes devices for good
+(``changed(day, ids)``: which of the group's devices its change reaches first in that round, a boolean mask
+aligned with the ids, or None): the world records it, the run's event log shows it (``behavior_fired``), the
+estimates picture marks the round and the attack metrics count those devices as changed. ``step`` and
+``trigger`` do.
 
 Built-in behaviors (:data:`BUILTINS`), by name in a scenario: ``weekly`` (a multiplier by day of week),
 ``trend`` (linear or exponential growth per day), ``burst`` (keyed bursts: a device's value multiplied for a
@@ -57,7 +61,8 @@ from protocols import keyed
 from protocols.keyed import Purpose, stream_key
 
 __all__ = [
-    "BUILTINS", "PURPOSE", "Behavior", "BehaviorError", "BehaviorFunction", "Bound", "Burst", "Day", "Keys",
+    "BUILTINS", "PURPOSE", "Behavior", "BehaviorError", "BehaviorFunction", "Bound", "Burst", "Changing", "Day",
+    "Keys",
     "Stateful", "Step", "StepChange", "Trend", "Trigger", "Weekly", "compose", "first_round_at", "name_of",
     "resolve",
 ]
@@ -174,6 +179,14 @@ class Stateful(Protocol):
     def __call__(self, day: Day, ids: np.ndarray, value: np.ndarray, /) -> np.ndarray: ...
 
     def observe(self, day: Day, ids: np.ndarray, values: np.ndarray, /) -> None: ...
+
+
+@runtime_checkable
+class Changing(Protocol):
+    """A behavior instance that says which devices its change reaches first on ``day`` (a boolean mask aligned
+    with ``ids``; None: none), called after the behavior shaped that day's values."""
+
+    def changed(self, day: Day, ids: np.ndarray, /) -> np.ndarray | None: ...
 
 
 # ----------------------------------------------------------------------------------------- parameters
@@ -326,6 +339,15 @@ class StepChange:
         hit = _fraction_ids(day, ids, self.fraction)
         return changed if hit is None else np.where(hit, changed, value)
 
+    def changed(self, day: Day, ids: np.ndarray) -> np.ndarray | None:
+        """The devices the step reaches, in its first round (none for x 1 + 0, which changes nothing)."""
+        first = self.round if self.round is not None else first_round_at(cast(float, self.at_time),
+                                                                            day.round_seconds)
+        if day.round != first or (self.factor == 1.0 and self.add == 0.0):
+            return None
+        hit = _fraction_ids(day, ids, self.fraction)
+        return np.ones(ids.shape, np.bool_) if hit is None else hit
+
 
 class Trigger:
     """A change triggered by a condition. ``on = "value"``: once a device's own (final, clipped) value is
@@ -351,6 +373,7 @@ class Trigger:
         self.fraction = _number("fraction", fraction, 0, 1, lo_open=True, what="a number in (0, 1]")
         self.fired: np.ndarray | None = None  # on = "value": per device of the group
         self.fired_at: int | None = None  # on = "mean": the round the population crossed
+        self.newly: tuple[int, np.ndarray] | None = None  # on = "value": (round, devices that first crossed in it)
 
     def _crossed(self, x: np.ndarray | float) -> np.ndarray | bool:
         return x > self.above if self.above is not None else x < self.below  # type: ignore[operator]
@@ -373,7 +396,23 @@ class Trigger:
     def observe(self, day: Day, ids: np.ndarray, values: np.ndarray) -> None:
         if self.on == "value":
             crossed = np.asarray(self._crossed(values), dtype=np.bool_)
+            self.newly = (day.round, crossed if self.fired is None else crossed & ~self.fired)
             self.fired = crossed if self.fired is None else self.fired | crossed
+
+    def changed(self, day: Day, ids: np.ndarray) -> np.ndarray | None:
+        """The devices the trigger reaches in the round after the one in which they (``on = "value"``) or the
+        population (``"mean"``) crossed the level; none for x 1 + 0, which changes nothing."""
+        if self.factor == 1.0 and self.add == 0.0:
+            return None
+        if self.on == "mean":
+            if self.fired_at is None or day.round != self.fired_at + 1:
+                return None
+            hit = _fraction_ids(day, ids, self.fraction)
+            return np.ones(ids.shape, np.bool_) if hit is None else hit
+        if self.newly is None or day.round != self.newly[0] + 1:
+            return None
+        new = self.newly[1]
+        return new if self.fraction >= 1.0 else new & (day.keys.uniform(ids, "fraction") < self.fraction)
 
 
 #: the built-in behaviors by the name a scenario gives them
@@ -669,6 +708,31 @@ class Bound:
                                            f"{day}")
             value = out
         return value
+
+    def changed(self, day: int, ids: np.ndarray, mean: float = math.nan) -> list[tuple[str, np.ndarray]]:
+        """(name, devices as a mask over ``ids``) of each behavior whose change reaches devices first on ``day``
+        (its ``changed`` hook, :class:`Changing`); called after :meth:`apply` of the same day."""
+        out = []
+        for k, call in enumerate(self.calls):
+            hook = getattr(call, "changed", None)
+            if hook is None:
+                continue
+            step = self.behavior.steps[k]
+            try:
+                mask = hook(self._day(k, day, mean), ids)
+            except Exception as exc:  # noqa: BLE001 -- name the behavior and the round in one line
+                raise BehaviorError(self._key(k), f"behavior {step.name}'s changed() failed in round {day}: "
+                                                  f"{type(exc).__name__}: {exc}") from exc
+            if mask is None:
+                continue
+            mask = np.asarray(mask)
+            if mask.shape != ids.shape or mask.dtype != np.bool_:
+                raise BehaviorError(self._key(k), f"behavior {step.name}'s changed() returned {mask.dtype} of "
+                                                  f"shape {mask.shape} in round {day}, not a boolean mask of "
+                                                  f"{ids.shape[0]} devices")
+            if mask.any():
+                out.append((step.name, mask))
+        return out
 
     def observe(self, day: int, ids: np.ndarray, values: np.ndarray, mean: float = math.nan) -> None:
         """Tell the behaviors with an ``observe`` hook the group's final values of ``day``."""

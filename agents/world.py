@@ -284,6 +284,10 @@ class World:
             glo, ghi = int(self.bounds[gi]), int(self.bounds[gi + 1])
             self._scripts.append((glo, ghi, g.behavior.bind(self.seed, gi, self.max_value)))
         self._mean = math.nan  # the previous round's mean value over the population (behaviors' Day.mean)
+        #: (round, group, behavior, devices) each time a behavior's change first reached devices (its changed hook)
+        self.behavior_fired: list[tuple[int, str, str, int]] = []
+        #: per device, the first round a behavior's change reached it (0: none did); None until one fired
+        self.behavior_changed: np.ndarray | None = None
         self._source: Any = None  # values computed elsewhere (use_values)
         self._ahead: World | None = None  # a twin computing a later day in the background (prefetch)
         self._pending: tuple[int, Any] | None = None  # (day, future) of the twin's computation
@@ -604,6 +608,15 @@ class World:
         if at.size and (int(at.min()) < 0 or int(at.max()) >= self.span[1] - self.span[0]):
             raise IndexError(f"device ids outside this world's span [{self.span[0]}, {self.span[1]})")
 
+    def _fired(self, day: int, lo: int, hi: int, group: str, name: str, mask: np.ndarray) -> None:
+        """Record that behavior ``name`` of ``group`` (devices lo..hi-1) changed the devices of ``mask`` on ``day``
+        (a world with behaviors holds every device, so ids are positions)."""
+        if self.behavior_changed is None:
+            self.behavior_changed = np.zeros(self.n, dtype=np.int32)
+        first = self.behavior_changed[lo:hi]
+        first[mask & (first == 0)] = day
+        self.behavior_fired.append((day, group, name, int(np.count_nonzero(mask))))
+
     def _behave(self, day: int) -> None:
         """The groups' behaviors on ``day``: their base values (unclipped in the cache) shaped, then clipped
         to [0, max_value] and counted; then each behavior observes its group's final values."""
@@ -612,6 +625,8 @@ class World:
             ids = np.arange(lo, hi, dtype=np.int64)
             ids.flags.writeable = False
             out = bound.apply(day, ids, cache[lo:hi], self._mean)
+            for name, mask in bound.changed(day, ids, self._mean):
+                self._fired(day, lo, hi, self.groups[bound.group].name, name, mask)
             self._clipped += int(np.count_nonzero(out < 0.0)) + int(np.count_nonzero(out > m))
             np.clip(out, 0.0, m, out=cache[lo:hi])
         for lo, hi, bound in self._scripts:

@@ -459,13 +459,19 @@ def detect(model: ReportModel, score: np.ndarray, reports: np.ndarray, d: int, s
 
 
 def first_change_round(world: "World", first: int, last: int) -> np.ndarray:
-    """Per device, the first collection round in [first, last] at which a scripted change hit it (0: none)."""
+    """Per device, the first collection round in [first, last] at which a scripted change hit it (0: none): a
+    [[changes]] entry, or a behavior whose change reached it (``step``, ``trigger``: World.behavior_changed)."""
     out = np.zeros(world.n, dtype=np.int64)
     for number, ch in enumerate(world.changes, start=1):
         if first <= ch.round <= last:
             ids = world.affected(number)
             ids = ids[out[ids] == 0]
             out[ids] = ch.round
+    by_behavior = getattr(world, "behavior_changed", None)
+    if by_behavior is not None:
+        b = by_behavior.astype(np.int64)
+        earlier = (first <= b) & (b <= last) & ((out == 0) | (b < out))
+        out[earlier] = b[earlier]
     return out
 
 
@@ -687,14 +693,16 @@ def _changes(report: AttackReport, model: ReportModel, rep: Reports, world: "Wor
                  f"Monte Carlo, {NULL_DEVICES:,} null devices)"
                  + ("; with gamma = 0 that is D >= 1: a changed response is certain" if model.memoized
                     and model.gamma <= 0 else "")),
-        "truth": "changed: hit by a scripted [[changes]] entry in rounds 2..last; location truth: its first one",
+        "truth": ("changed: hit by a scripted [[changes]] entry or reached by a behavior's change (step, trigger) "
+                  "in rounds 2..last; location truth: the first of them"),
         "gamma": model.gamma,
         "changed": int(changed.sum()), "unchanged": int(unchanged.sum()),
         "auc": _num(auc_value), "tpr": _num(tpr), "fpr": _num(fpr),
         # the null is a device whose memo input never moves; an unchanged device whose jitter crosses grid cells
         # does move it, so fpr can exceed the null's rate without the rule being wrong
         "fpr_meaning": (f"share of the unchanged devices flagged; above {FALSE_ALARM:g} when their own jitter "
-                        "moves their memo input across grid cells (the detector sees that as a change)"
+                        "or their behaviors (weekly, trend, burst) move their memo input across grid cells (the "
+                        "detector sees that as a change)"
                         if model.memoized else f"share of the unchanged devices flagged (the null's rate: "
                         f"{FALSE_ALARM:g})"),
         "location_error": {"detected": int(err.size),
@@ -707,7 +715,8 @@ def _changes(report: AttackReport, model: ReportModel, rep: Reports, world: "Wor
         "location_privacy": privacy,
     }
     if not changed.any() or not unchanged.any():
-        out["note"] = ("no device with a report was hit by a scripted change in rounds 2..last" if not changed.any()
+        out["note"] = ("no device with a report was hit by a scripted change or a behavior's in rounds 2..last"
+                       if not changed.any()
                        else "every device with a report was hit by a scripted change") + ": AUC undefined"
     return out
 

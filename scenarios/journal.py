@@ -235,6 +235,7 @@ def resume(state: dict[str, Any], server: Any, book: Any) -> int:
         book.ledger.history[:] = [dict(h) for h in snapshot.field(state, "spend_history", list)]
         last = snapshot.field(state, "last_round", int)
         book.world.advance_to(last * book.epoch_length)  # the world is a function of (seed, day)
+        book.fired_through = last * book.epoch_length  # its behaviors' changes to then were logged before
         for k, v in snapshot.field(state, "stats", dict).items():
             if hasattr(server.stats, k):
                 setattr(server.stats, k, dict(v) if isinstance(v, dict) else v)

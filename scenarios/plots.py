@@ -21,6 +21,9 @@ import numpy as np  # noqa: E402
 
 from scenarios.labels import BAND, TRUTH_MEAN, with_unit  # noqa: E402
 
+#: the legend entry of the dotted lines at the rounds a scripted change or a behavior's step or trigger happened
+CHANGE_LABEL = "change ([[changes]] or a behavior)"
+
 
 def subplots(*args: Any, figsize: tuple[float, float], **kwargs: Any) -> tuple[Figure, Any]:
     """``plt.subplots(*args, figsize=..., **kwargs)`` without pyplot: a Figure (not registered with pyplot's
@@ -79,9 +82,9 @@ def estimates_plot(path: Path, rounds: np.ndarray, truth: np.ndarray, estimate: 
                          label=band_label)
     top.plot(rounds, truth, color="tab:blue", lw=2, label=truth_label)
     top.plot(rounds, estimate, "o-", color="tab:orange", ms=3.5, lw=1, label="estimate")
-    for r in change_rounds:
+    for i, r in enumerate(change_rounds):
         for ax in (top, bottom):
-            ax.axvline(r, color="grey", ls=":", lw=1)
+            ax.axvline(r, color="grey", ls=":", lw=1, label=CHANGE_LABEL if ax is top and i == 0 else None)
     top.set_ylabel(ylabel)
     top.set_title(title)
     top.legend(loc="upper right", fontsize=8)  # "best" searches every point: slow at 65,536 buckets
@@ -148,8 +151,8 @@ def histogram_plot(path: Path, rounds: np.ndarray, per_round: list[dict[str, flo
     twin.plot(rounds, [m["wasserstein"] for m in per_round], "s--", color="tab:blue", ms=3,
               label=with_unit("Wasserstein-1", unit or "value units"))
     twin.set_ylabel(with_unit("W1, clipped and renormalized", unit), color="tab:blue")
-    for r in change_rounds:
-        top.axvline(r, color="grey", ls=":", lw=1)
+    for i, r in enumerate(change_rounds):
+        top.axvline(r, color="grey", ls=":", lw=1, label=CHANGE_LABEL if i == 0 else None)
     count_axis(top, "round")
     top.set_title(title, fontsize=10)
     top.legend(*[sum(h, []) for h in zip(top.get_legend_handles_labels(), twin.get_legend_handles_labels())],
@@ -190,8 +193,8 @@ def counters_plot(path: Path, rounds: np.ndarray, truth: np.ndarray, est: np.nda
                         alpha=0.12)
         ax.plot(rounds, truth[:, j], color=color, lw=2, label=f"counter {j}: truth")
         ax.plot(rounds, est[:, j], "o", color=color, ms=3.5, label=f"counter {j}: estimate")
-    for r in change_rounds:
-        ax.axvline(r, color="grey", ls=":", lw=1)
+    for i, r in enumerate(change_rounds):
+        ax.axvline(r, color="grey", ls=":", lw=1, label=CHANGE_LABEL if i == 0 else None)
     count_axis(ax, "round")
     ax.set_ylabel(with_unit("mean counter", unit))
     ax.set_title(title, fontsize=10)

@@ -254,6 +254,7 @@ class RoundBook:
         keep = sc.attacks and attacks.not_applicable(sc.protocol) is None
         self.true_values = np.full((sc.devices, sc.collections), np.nan) if keep else None
         self._ahead: tuple[int, int, Any] | None = None  # (day, reports, future of (truth, sd)): see ahead
+        self.fired_through = 0  # the last day whose behaviors' changes are in the event log (log_fired)
 
     def ahead(self, submit: Callable[..., Any], reports: int) -> None:
         """Start computing the open round's truth and estimate sd (the protocol's ``truth``, ``estimate_sd``) as
@@ -297,6 +298,14 @@ class RoundBook:
             levels = self.world.levels if present is None else self.world.levels[present]
             self._levels.append(float(levels.mean()) if levels.size else math.nan)
 
+    def log_fired(self) -> None:
+        """Log each change a behavior made (``behavior_fired``: round, group, behavior, devices) that the world
+        recorded for a day up to its current one (computed by now) and not logged yet."""
+        for day, group, behavior, devices in self.world.behavior_fired:
+            if self.fired_through < day <= self.world.day:
+                self.log.info("behavior_fired", round=day, group=group, behavior=behavior, devices=devices)
+        self.fired_through = max(self.fired_through, self.world.day)
+
     def before_collect(self, t: int) -> None:
         """The protocol's reference figures for collection t from the true values (its ``before_collect``
         hook, e.g. ToPL's oracle threshold), added to the round's info when it closes."""
@@ -307,6 +316,7 @@ class RoundBook:
         sc, kind = self.sc, self.kind
         result.info.update(self._before)
         values, clipped = self.world.values(self.all_ids)
+        self.log_fired()
         present = self.world.present(self.all_ids)
         if self.true_values is not None and 1 <= t <= self.true_values.shape[1]:
             self.true_values[:, t - 1] = values if present is None else np.where(present, values, np.nan)

@@ -232,11 +232,12 @@ def _protocol(pt: Table, ctx: Context) -> ProtocolParams:
 
 
 def _group_behaviors(groups: list[Group], raw_groups: list[Any], changes: list[Change], seed: int,
-                     round_seconds: float, max_value: float, warnings: list[str]) -> list[Group]:
+                     round_seconds: float, max_value: float, warnings: list[str], rounds: int) -> list[Group]:
     """Each group's ``behavior`` (a built-in name, ``"module:function"``, a Python function or class, or an
     array of them) and ``params`` (a table, or an array of tables aligned with the behaviors), resolved,
     checked, and tried once on a few devices of round 1, so that a broken behavior fails here with one line
-    naming the key rather than in the middle of a run (agents/behavior.py)."""
+    naming the key rather than in the middle of a run (agents/behavior.py); a ``step`` after the last of
+    ``rounds`` is warned about, like a [[changes]] entry."""
     out = []
     for i, (g, rg) in enumerate(zip(groups, raw_groups)):
         where = f"population.groups[{i}]"
@@ -276,12 +277,30 @@ def _group_behaviors(groups: list[Group], raw_groups: list[Any], changes: list[C
                                 f"different values: a behavior draws its randomness from day.keys (keyed by seed, "
                                 f"device and round), never from an unkeyed generator, so that a run can be repeated "
                                 f"and audited")
+        for position, step in enumerate(bh.steps):
+            late = _step_after_last(step, round_seconds, rounds)
+            if late:
+                warnings.append(f"{where}.params" + (f"[{position}]" if len(bh.steps) > 1 else "") + f".{late}")
         names = [s.name for s in bh.steps]
         if any(n.startswith("__main__:") for n in names):
             warnings.append(f"{where}.behavior: {', '.join(n for n in names if n.startswith('__main__:'))} lives "
                             "in __main__: scenario.json can repeat the run only from the same script")
         out.append(dataclasses.replace(g, behavior=bh))
     return out
+
+
+def _step_after_last(step: behaviors.Step, round_seconds: float, rounds: int) -> str | None:
+    """The warning's words (from the parameter's name on) when ``step`` is a built-in ``step`` whose change
+    comes after the last of ``rounds``; else None."""
+    if step.target is not behaviors.StepChange:
+        return None
+    at_time = step.params.get("at_time")
+    first = (behaviors.first_round_at(float(at_time), round_seconds) if at_time is not None
+             else int(step.params["round"]))
+    if first <= rounds:
+        return None
+    when = f"at_time: {float(at_time):g} s is round {first}," if at_time is not None else f"round: {first} is"
+    return f"{when} after the last round ({rounds}); it will not happen"
 
 
 # ----------------------------------------------------------------------------------------------- loading
@@ -405,7 +424,8 @@ def parse(data: dict[str, Any]) -> Scenario:
         if rnd > rounds:
             warnings.append(f"changes[{i}].at_time: {at_time:g} s is round {rnd}, after the last round ({rounds}); "
                             "it will not happen")
-    groups = _group_behaviors(groups, raw_groups, changes, seed, sim.round_seconds, protocol.max_value, warnings)
+    groups = _group_behaviors(groups, raw_groups, changes, seed, sim.round_seconds, protocol.max_value, warnings,
+                              rounds)
     nt = top.table("network", default=None)
     net = NetworkParams(
         latency=nt.get("latency", float, 0.05, check=lambda v: v >= 0, what=">= 0"),

@@ -943,7 +943,7 @@ def _errors_of(sweep: Sweep) -> set[tuple[str, bool] | None]:
         except registry.RegistryError:
             ofs.add(None)
             continue
-        phrase, generic = error_of(params), ERROR_OF.get(getattr(params, "kind", None))
+        phrase, generic = error_of(params), ERROR_OF.get(str(getattr(params, "kind", "")))
         ofs.add((phrase, True) if phrase != generic else (phrase, False) if generic else None)
     return ofs
 

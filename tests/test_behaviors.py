@@ -417,3 +417,81 @@ def test_a_behavior_with_unkeyed_randomness_is_refused_at_load() -> None:
     with pytest.raises(schema.ScenarioError, match=r"^population\.groups\[0\]\.behavior: two trial calls on the same "
                                                    r"devices, round and values returned different values: .*day\.keys"):
         schema.parse(data)
+
+
+# ------------------------------------------------------------------------------- changes a behavior makes
+def test_a_step_records_the_devices_it_changes_in_its_first_round() -> None:
+    """A step adding 100 for a keyed 30% from round 4: the world records exactly the devices whose values it
+    moved (against the same world without the step), in round 4 and no other; x 1 + 0 records nothing."""
+    world = _world(compose("step", {"round": 4, "add": 100.0, "fraction": 0.3}))
+    plain = _world(compose("weekly", {"weekday": 1.0}))
+    moved = _run_values(world, 6)[3] != _run_values(plain, 6)[3]
+    assert world.behavior_fired == [(4, "u", "step", int(moved.sum()))] and 0.2 < moved.mean() < 0.4
+    np.testing.assert_array_equal(world.behavior_changed, np.where(moved, 4, 0))
+    idle = _world(compose("step", {"round": 4, "factor": 1.0}))
+    _run_values(idle, 6)
+    assert idle.behavior_fired == [] and idle.behavior_changed is None
+    # a step in round 2 lifts everyone past a trigger's level, which fires in round 3: both are listed, and each
+    # device's first change stays round 2
+    twice = _world(compose(["step", "trigger"], [{"round": 2, "add": 100.0}, {"above": 1050.0, "factor": 0.0}]))
+    _run_values(twice, 4)
+    assert twice.behavior_fired == [(2, "u", "step", 1000), (3, "u", "trigger", 1000)]
+    assert (twice.behavior_changed == 2).all()
+
+
+def test_a_trigger_records_each_device_in_the_round_after_it_crossed() -> None:
+    """Levels uniform on [0, 1000] growing by a quarter a day, set to 0 once past 1000: each device is recorded
+    in the round after its value first passed 1000 (from the closed form), once; on the population mean, every
+    device of the group in the round after the mean passed."""
+    world = _world(compose(["trend", "trigger"], [{"rate": 0.25}, {"above": 1000.0, "factor": 0.0}]),
+                   counter=Dist("uniform", low=0.0, high=1000.0))
+    levels = world.levels.copy()
+    _run_values(world, 10)
+    grown = levels[None, :] * (1.0 + 0.25 * np.arange(10))[:, None]
+    crossed = np.where((grown > 1000).any(axis=0), (grown > 1000).argmax(axis=0) + 1, 0)  # 1-based round
+    expect = np.where((crossed > 0) & (crossed < 10), crossed + 1, 0)
+    np.testing.assert_array_equal(world.behavior_changed, expect)
+    assert [(r, n) for r, _, _, n in world.behavior_fired] == [
+        (r, int((expect == r).sum())) for r in range(1, 11) if (expect == r).any()]
+    bh = compose("trigger", {"on": "mean", "above": 1250.0, "factor": 2.0})
+    mean = World(3, 2000, [Group("a", 0.5, Dist("constant", value=1000.0), behavior=compose("trend", {"rate": 0.1})),
+                           Group("b", 0.5, Dist("constant", value=1000.0), behavior=bh)], [], 1e9)
+    first = int(np.argmax(_run_values(mean, 12).mean(axis=1) > 1250)) + 1  # 1-based round of the crossing
+    assert mean.behavior_fired == [(first + 1, "b", "trigger", 1000)]
+
+
+def test_a_behavior_s_change_shows_in_the_event_log_picture_and_attack_metrics(tmp_path: Path, monkeypatch) -> None:
+    """A step doubling a keyed 30% of a group from round 6: events.jsonl logs it once (behavior_fired, with the
+    count the world recorded), estimates.png gets a dotted line at round 6, and the attack metrics count those
+    devices as changed (they had counted none and blamed jitter)."""
+    from scenarios import plots
+
+    lines: list[list[int]] = []
+    real = plots.estimates_plot
+    monkeypatch.setattr(plots, "estimates_plot", lambda path, rounds, truth, est, sd, title, change_rounds, *a, **k:
+                        (lines.append(list(change_rounds)), real(path, rounds, truth, est, sd, title, change_rounds,
+                                                                  *a, **k))[1])
+    import io
+
+    data = _data([_group("step", {"round": 6, "factor": 2.0, "fraction": 0.3})], rounds=10, devices=2000)
+    log = io.StringIO()
+    result = runner.run(schema.parse(data), events=log)
+    output.write_run_dir(result, tmp_path)
+    events = [json.loads(line) for line in log.getvalue().splitlines()]
+    fired = [e for e in events if e["event"] == "behavior_fired"]
+    hit = int((result.world.behavior_changed == 6).sum())
+    assert [(e["round"], e["group"], e["behavior"], e["devices"]) for e in fired] == [(6, "u", "step", hit)]
+    assert 400 < hit < 800 and lines == [[6]]
+    changes = json.loads((tmp_path / "summary.json").read_text())["attacks"]["change_detection"]
+    assert changes["changed"] == hit
+
+
+def test_a_step_after_the_last_round_is_warned_about_like_a_scripted_change() -> None:
+    """A step whose round (or at_time) comes after the last round never happens: the scenario says so in a
+    warning naming the key, as it does for a [[changes]] entry; a step in the last round is not warned about."""
+    late = schema.parse(_data([_group("step", {"round": 30, "factor": 2.0})], rounds=14))
+    assert late.warnings == ["population.groups[0].params.round: 30 is after the last round (14); it will not happen"]
+    timed = schema.parse(_data([_group(["weekly", "step"], [{"weekend": 0.5}, {"at_time": 3e6, "factor": 2.0}])]))
+    assert timed.warnings == ["population.groups[0].params[1].at_time: 3e+06 s is round 36, after the last round "
+                              "(14); it will not happen"]
+    assert schema.parse(_data([_group("step", {"round": 14, "factor": 2.0})], rounds=14)).warnings == []

@@ -741,3 +741,35 @@ def test_reveal_set_round_trip_dense_and_hashed() -> None:
         np.testing.assert_array_equal(b.insert(rows, items), a.insert(rows, items))
         with pytest.raises(snapshot.SnapshotError):
             RevealSet(299, width).restore(a.snapshot())
+
+
+def test_a_resumed_collector_logs_no_behavior_change_twice(tmp_path: Path) -> None:
+    """Steps in rounds 2 and 5, a collector journaled after round 3 and resumed: its world computes rounds 1-3
+    again (and records the round-2 step again), but the resumed event log shows only the round-5 step; round 2's
+    was logged before the crash."""
+    from types import SimpleNamespace
+
+    from collector.process import CollectorStats
+    from collector.server import LiveSettings
+    from scenarios import live
+
+    group = {"name": "u", "share": 1.0, "counter": {"dist": "normal", "mean": 3600, "sd": 900},
+             "behavior": ["step", "step"], "params": [{"round": 2, "add": 100.0}, {"round": 5, "add": 50.0}]}
+    sc = schema.parse({"name": "steps", "seed": 3, "rounds": 8, "population": {"devices": 200, "groups": [group]},
+                       "protocol": {"name": "1bitrrpm", "epsilon": 1.0, "max_value": 86400, "granularity": 3600},
+                       "simulation": {"cohort_size": 100}})
+    r = Run(sc)
+    for t in (1, 2, 3):
+        r.round(t)
+    server = SimpleNamespace(protocol=r.collector, stats=CollectorStats(), frames_sent=0, downlink=[], hostility=None)
+    book = SimpleNamespace(records=[], ledger=Ledger(sc.devices), epoch_length=1, world=r.world)
+    journal.CollectorJournal(tmp_path, sc, server, book).write_round(3)
+    second, book2, _ = live.build_server(sc, Ledger(sc.devices), None, LiveSettings())
+    logged: list[tuple[str, dict]] = []
+    book2.log = SimpleNamespace(info=lambda event, **kw: logged.append((event, kw)))
+    assert journal.resume(journal.load(tmp_path, sc), second, book2) == 4
+    book2.world.advance_to(6)
+    book2.world.values(np.empty(0, np.int64))
+    book2.log_fired()
+    assert [e for e, _ in logged] == ["behavior_fired"] and logged[0][1]["round"] == 5
+    assert [f[0] for f in book2.world.behavior_fired] == [2, 5]
