@@ -19,7 +19,9 @@ Hostile input is bounded (every cause counted in ``drops``; summary.json's ``liv
 - a frame over ``max_frame`` (``oversized``), bytes that do not decode or a wrong version (``malformed``);
 - a frame not complete within ``read_timeout`` of its first byte (``read_timeout``: trickling a byte at a time
   does not restart the clock) and no Hello within ``hello_timeout`` of connecting (``hello_timeout``);
-- incomplete frames held across all connections above ``buffer_budget`` bytes (``buffer_budget``);
+- incomplete frames held above ``buffer_budget`` bytes (``buffer_budget``), in two pools of that size: the
+  connections whose Hello was accepted, and those that have not said one. A peer without a Hello can fill
+  only the second pool, so it never costs a registered connection its report batches;
 - connections beyond ``max_connections`` (default: devices + 64, at most RLIMIT_NOFILE - 64) are closed at
   once (``connection_limit``);
 - a broadcast is written to every connection at once; a connection whose socket has not taken it within
@@ -122,7 +124,8 @@ class LiveSettings:
     hello_timeout: float = 10.0  # real seconds from connecting to the Hello (TLS handshake included)
     write_timeout: float = 5.0  # real seconds a broadcast waits for one connection's socket to take it
     max_connections: int | None = None  # None: devices + 64, at most RLIMIT_NOFILE - 64
-    buffer_budget: int = 256 << 20  # bytes of incomplete frames held across all connections
+    buffer_budget: int = 256 << 20  # bytes of incomplete frames held across registered connections (and again
+    # across the connections before their Hello)
     send_buffer: int | None = None  # SO_SNDBUF of accepted sockets (None: the kernel's default)
     secret: bytes | None = None  # deployment secret: Hellos must be authenticated (protocols.auth)
     tls: ssl.SSLContext | None = None  # server-side TLS context
@@ -162,7 +165,8 @@ class LiveCollector:
         self._missing = 0  # registered devices not held now (a count: checked on every ack)
         self._waiting: set[Connection] = set()  # device-holding connections yet to acknowledge the stage
         self._serial = 0
-        self._buffered = 0  # bytes of incomplete frames across connections
+        self._buffered = 0  # bytes of incomplete frames across connections whose Hello was accepted
+        self._buffered_unknown = 0  # ... and across those that have not said one (a pool of its own)
         self._closing = False
         self.finished = False
         self._stage_open = False
@@ -248,7 +252,8 @@ class LiveCollector:
         # until its Hello is accepted a connection may send no frame longer than a Hello of the whole population:
         # an unauthenticated peer holds no 64 MB frame of the shared buffer budget
         decoder = FrameDecoder(min(settings.max_frame, hello_frame_limit(self.n_devices)))
-        counted = 0  # this connection's bytes in the buffer budget
+        counted = 0  # this connection's bytes in its pool of the buffer budget
+        known = False  # which pool: the registered connections' (its Hello accepted) or the others'
         cause, detail = None, ""
         try:
             hello_by = loop.time() + settings.hello_timeout
@@ -283,16 +288,21 @@ class LiveCollector:
                 frames = decoder.feed(data)
                 if decoder.pending and (frames or not had):  # a new frame started: its clock starts now
                     frame_started = loop.time()
-                self._buffered += decoder.pending - counted
+                self._count_buffered(known, decoder.pending - counted)
                 counted = decoder.pending
-                if self._buffered > settings.buffer_budget:
-                    raise Refused("buffer_budget", f"incomplete frames hold {self._buffered} bytes (budget "
-                                                   f"{settings.buffer_budget})")
+                held = self._buffered if known else self._buffered_unknown
+                if held > settings.buffer_budget:
+                    raise Refused("buffer_budget", f"incomplete frames of {'registered' if known else 'unregistered'}"
+                                                   f" connections hold {held} bytes (budget {settings.buffer_budget})")
                 for raw in frames:
                     hello = self._on_frame(conn, raw)
                     if hello is not None:
                         await self._admit(conn, hello)
                         decoder.max_frame = settings.max_frame
+                if conn.hello and not known:  # admitted: what it holds moves to the registered connections' pool
+                    self._count_buffered(False, -counted)
+                    known = True
+                    self._count_buffered(True, counted)
         except asyncio.TimeoutError:
             cause = "read_timeout" if conn.hello or decoder.pending else "hello_timeout"
             detail = "frame not complete within the read timeout" if cause == "read_timeout" else "no hello in time"
@@ -312,12 +322,20 @@ class LiveCollector:
         except Exception as exc:  # a bug: counted and logged, never an unhandled task error
             cause, detail = "error", f"{type(exc).__name__}: {exc}"
         finally:
-            self._buffered -= counted
+            self._count_buffered(known, -counted)
             if cause is not None:
                 self._drop(conn, cause, detail)
             else:
                 self._release(conn)
                 writer.close()
+
+    def _count_buffered(self, known: bool, change: int) -> None:
+        """Add ``change`` bytes of incomplete frames to the registered connections' pool (``known``) or to the
+        pool of those without an accepted Hello."""
+        if known:
+            self._buffered += change
+        else:
+            self._buffered_unknown += change
 
     def _count_drop(self, cause: str, detail: str) -> None:
         self.drops[cause] = self.drops.get(cause, 0) + 1

@@ -625,7 +625,36 @@ async def test_trickled_oversized_and_budget_busting_frames_are_dropped() -> Non
     got = await h.finish()
     assert got["digests"] == simulated()
     assert h.server.drops == {"read_timeout": 2, "oversized": 2, "buffer_budget": 1}
-    assert h.server._buffered == 0
+    assert h.server._buffered == 0 and h.server._buffered_unknown == 0
+
+
+@pytest.mark.asyncio
+async def test_peers_without_a_hello_cannot_spend_a_registered_connection_s_buffer_budget() -> None:
+    """An unregistered peer holding most of the buffer budget in an incomplete frame: a registered connection's
+    own incomplete frame of the same size is not dropped (the peers before their Hello have a pool of their own;
+    before, whichever connection crossed the shared line was dropped, so a peer without credentials could cost
+    honest shards their report batches)."""
+    settings = dataclasses.replace(FAST, buffer_budget=100_000, read_timeout=2.0)
+    h = Harness(scenario(), settings)
+    await h.listen()
+    reader_r, writer_r = await connect(h.port)
+    writer_r.write(hello(range(h.sc.devices)))  # this connection registers the whole population
+    await h.registered()
+    reader_u, writer_u = await connect(h.port)
+    writer_u.write(struct.pack(">I", 60_000) + b"u" * 55_000)
+    await writer_u.drain()
+    await asyncio.sleep(0.1)
+    writer_r.write(struct.pack(">I", 60_000) + b"r" * 55_000)  # 110,000 bytes held in all, 55,000 in each pool
+    await writer_r.drain()
+    await asyncio.sleep(0.1)
+    try:
+        assert "buffer_budget" not in h.server.drops, h.server.drops
+        assert h.server._buffered >= 55_000 and h.server._buffered_unknown >= 55_000
+        assert not reader_r.at_eof()
+    finally:
+        writer_r.close()
+        writer_u.close()
+        await h.server.close()
 
 
 @pytest.mark.asyncio
