@@ -151,6 +151,9 @@ class OneBitParams:
                              what="> 0")
         if gran is not None:
             k = max_value / gran
+            if not math.isfinite(k):  # a granularity so small that m / granularity overflows
+                raise table.fail("granularity", f"{gran:g} cuts protocol.max_value {max_value:g} into more steps "
+                                                f"than a float holds (at most {MAX_STEPS:,}: the memo inputs' range)")
             if gran > max_value or abs(k - round(k)) > 1e-9 * k:
                 raise table.fail("granularity", f"{gran:g} must divide protocol.max_value {max_value:g}")
             if k > MAX_STEPS:

@@ -178,6 +178,7 @@ BAD = [
     ("epsilon-10^400", _set(("protocol", "epsilon"), 10**400), "protocol.epsilon"),
     ("seed-2^64", _set(("seed",), 2**64), "seed"),
     ("jitter-sd-huge", _set(G0 + ("jitter", "sd"), -10**30), "population.groups[0].jitter.sd"),
+    ("granularity-subnormal", _set(("protocol", "granularity"), 1e-320), "protocol.granularity"),  # m / g overflows
     ("loss-one", _set(("network", "loss"), 1.0), "network.loss"),
     ("loss-negative", _set(("network", "loss"), -0.1), "network.loss"),
     ("cohort-size-zero", _set(("simulation", "cohort_size"), 0), "simulation.cohort_size"),
