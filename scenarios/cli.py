@@ -147,7 +147,7 @@ def cmd_run(args: argparse.Namespace) -> int:
           f"({metrics.error_of(scenario.protocol, scenario.unit)}{_missing_rounds(err, scenario)}); "
           f"per-device spend (epsilon): "
           f"max {_num(eps['max'])}, mean {_num(eps['mean'])}, p99 {_num(eps['p99'])} "
-          f"(guarantee {_num(pv['guarantee'])}{_within_pattern(pv)}); messages rejected "
+          f"(guarantee {_num(pv['guarantee'])}{_within_pattern(pv)}{_budget(pv)}); messages rejected "
           f"{summary['messages']['rejected']}; "
           f"simulated in {summary['wall_seconds']:.2f} s", file=sys.stderr if args.json else sys.stdout)
     if args.json:  # stdout holds summary.json alone, for a pipe into a JSON reader
@@ -170,6 +170,14 @@ def _own_rejections(summary: dict) -> int:
           f"were charged; the first: {msgs.get('first_rejection')} (events.jsonl: message_rejected; the run "
           f"directory is kept)", file=sys.stderr)
     return 1
+
+
+def _budget(pv: dict) -> str:
+    """``; budget B, N reports refused`` for a run whose devices enforced a budget; else nothing."""
+    if pv.get("budget") is None:
+        return ""
+    refused = pv.get("refusals")
+    return f"; budget {_num(pv['budget'])}" + ("" if refused is None else f", {refused:,} reports refused for it")
 
 
 def _missing_rounds(err: dict, scenario: Any) -> str:
@@ -337,7 +345,7 @@ def cmd_live(args: argparse.Namespace) -> int:
     err, pv = summary["error"], summary["privacy"]
     print(f"live run over {args.connections} connection(s): mean |error| {_num(err['mean_abs'])}, max |error| "
           f"{_num(err['max_abs'])}; per-device spend (epsilon): max {_num(pv.get('max_spend'))} (guarantee "
-          f"{_num(pv['guarantee'])}{_within_pattern(pv)}); transcript digest "
+          f"{_num(pv['guarantee'])}{_within_pattern(pv)}{_budget(pv)}); transcript digest "
           f"{summary['digests']['transcript'][:12]}...; run in {summary['wall_seconds']:.2f} s -> {out}")
     return max(_own_rejections(summary), _privacy_verdict(summary["privacy"]))
 

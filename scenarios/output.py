@@ -181,7 +181,8 @@ def draw_spend(result: RunResult, path: Path, painter: PlotProcess | None = None
     length = int(getattr(sc.protocol, "epoch_length", 1))
     xlabel = f"epoch (of {length} rounds)" if length > 1 else "round"
     args = (result.ledger.history, final, f"per-device spend: {sc.protocol.name}", label,
-            (g.value, f"guarantee {g.value:.3g}" + (" (within pattern)" if note else "")), note, xlabel)
+            (g.value, f"guarantee {g.value:.3g}" + (" (within pattern)" if note else "")), note, xlabel,
+            None if sc.budget is None else (sc.budget, f"budget {sc.budget:.3g} (devices refuse reports past it)"))
     if painter is not None:
         painter.draw("spend_plot", path, *args)
     else:

@@ -99,11 +99,12 @@ def estimates_plot(path: Path, rounds: np.ndarray, truth: np.ndarray, estimate: 
 
 def spend_plot(path: Path, history: list[dict[str, float]], final: tuple[np.ndarray, np.ndarray], title: str,
                label: str = "cumulative ε per device", guarantee: tuple[float, str] | None = None,
-               note: str = "", xlabel: str = "round") -> None:
+               note: str = "", xlabel: str = "round", budget: tuple[float, str] | None = None) -> None:
     """Spend over time and at the end. ``final``: the distinct final spend values (sorted) and how many devices
     hold each. ``label`` names the kind of number the ledger holds (e.g. within-pattern spend for memoized
-    protocols); ``guarantee`` (value, label) is drawn as a line; ``note`` is printed under the plot (e.g. the
-    worst-case loss, a different kind of number, stated apart); ``xlabel`` what the history's rounds count."""
+    protocols); ``guarantee`` and ``budget`` (value, label) are drawn as lines; ``note`` is printed under the
+    plot (e.g. the worst-case loss, a different kind of number, stated apart); ``xlabel`` what the history's
+    rounds count."""
     lines = note.count("\n") + 1 if note else 0
     fig, (left, right) = subplots(1, 2, figsize=(11, 4.2 + 0.25 * lines), width_ratios=(1.6, 1))
     r = np.array([h["round"] for h in history])
@@ -115,6 +116,8 @@ def spend_plot(path: Path, history: list[dict[str, float]], final: tuple[np.ndar
         left.plot(r, get("mean"), color="black", ls="--", lw=1, label="mean")
     if guarantee is not None:
         left.axhline(guarantee[0], color="tab:red", ls=":", lw=1.2, label=guarantee[1])
+    if budget is not None:
+        left.axhline(budget[0], color="tab:orange", ls="--", lw=1.2, label=budget[1])
     count_axis(left, xlabel)
     left.set_ylabel(label)
     left.set_title(title)

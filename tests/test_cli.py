@@ -264,6 +264,25 @@ def test_the_run_line_says_what_kind_of_number_the_guarantee_is(tmp_path, capsys
     assert "(guarantee 3);" in line and "behavior pattern" not in line, line
 
 
+def test_a_budget_shows_in_the_run_line_and_on_spend_png(tmp_path, capsys, monkeypatch):
+    """A budget the devices enforce is in the one-line report with the reports refused for it (summary.json's
+    count), and drawn on spend.png beside the guarantee (it was only in summary.json)."""
+    from scenarios import plots
+
+    drawn: list = []
+    real = plots.spend_plot
+    monkeypatch.setattr(plots, "spend_plot", lambda *a, **k: (drawn.append(a), real(*a, **k))[1])
+    assert main(["run", "quickstart", *SMALL, "--set", "privacy.budget=2", "--out", str(tmp_path / "b"),
+                 "--quiet"]) == 0
+    refused = summary_of(tmp_path / "b")["privacy"]["refusals"]
+    assert refused > 0
+    assert f"; budget 2, {refused:,} reports refused for it)" in capsys.readouterr().out
+    assert main(["run", "quickstart", *SMALL, "--out", str(tmp_path / "n"), "--quiet"]) == 0
+    assert "budget" not in capsys.readouterr().out
+    # small runs draw in this process: the budget's line is the last argument, none without a budget
+    assert drawn[0][-1] == (2.0, "budget 2 (devices refuse reports past it)") and drawn[1][-1] is None
+
+
 def test_hostile_inputs_are_one_line_errors(tmp_path, capsys):
     """Found by a hostile-input pass, each was a traceback or worse: a scenario of thousands of nested arrays
     (RecursionError in the TOML reader), a superscript digit as an array index (isdigit() but not int()), a data
