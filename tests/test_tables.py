@@ -398,7 +398,8 @@ def _ledger_one_batch_per_chunk(path: Path, chunks: list[dict]) -> int:
                  pa.array(np.full(k, ch["time"], np.float64)), reason,
                  pa.array(np.full(k, ch["amount"], np.float64))], schema=tables.LEDGER_SCHEMA)
 
-    return tables._write_batches(path, tables.LEDGER_SCHEMA, batches(), ["round", "time", "reason", "amount"])
+    return tables._write_batches(path, tables.LEDGER_SCHEMA, batches(), ["round", "time", "reason", "amount"],
+                                 tables.LEDGER_STATISTICS)
 
 
 def test_ledger_batches_merged_per_row_group_give_the_same_file(monkeypatch, tmp_path):
