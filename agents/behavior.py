@@ -62,8 +62,7 @@ from protocols.keyed import Purpose, stream_key
 
 __all__ = [
     "BUILTINS", "PURPOSE", "Behavior", "BehaviorError", "BehaviorFunction", "Bound", "Burst", "Changing", "Day",
-    "Keys",
-    "Stateful", "Step", "StepChange", "Trend", "Trigger", "Weekly", "compose", "first_round_at", "name_of",
+    "Keys", "Stateful", "Step", "StepChange", "Trend", "Trigger", "Weekly", "compose", "first_round_at", "name_of",
     "resolve",
 ]
 

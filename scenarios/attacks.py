@@ -716,8 +716,8 @@ def _changes(report: AttackReport, model: ReportModel, rep: Reports, world: "Wor
     }
     if not changed.any() or not unchanged.any():
         out["note"] = ("no device with a report was hit by a scripted change or a behavior's in rounds 2..last"
-                       if not changed.any()
-                       else "every device with a report was hit by a scripted change") + ": AUC undefined"
+                       if not changed.any() else
+                       "every device with a report was hit by a scripted change or a behavior's") + ": AUC undefined"
     return out
 
 
