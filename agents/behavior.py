@@ -338,11 +338,13 @@ class StepChange:
         hit = _fraction_ids(day, ids, self.fraction)
         return changed if hit is None else np.where(hit, changed, value)
 
+    def first_round(self, round_seconds: float) -> int:
+        """The round the step starts in: ``round``, or the first that starts at or after ``at_time``."""
+        return self.round if self.round is not None else first_round_at(cast(float, self.at_time), round_seconds)
+
     def changed(self, day: Day, ids: np.ndarray) -> np.ndarray | None:
         """The devices the step reaches, in its first round (none for x 1 + 0, which changes nothing)."""
-        first = self.round if self.round is not None else first_round_at(cast(float, self.at_time),
-                                                                            day.round_seconds)
-        if day.round != first or (self.factor == 1.0 and self.add == 0.0):
+        if day.round != self.first_round(day.round_seconds) or (self.factor == 1.0 and self.add == 0.0):
             return None
         hit = _fraction_ids(day, ids, self.fraction)
         return np.ones(ids.shape, np.bool_) if hit is None else hit

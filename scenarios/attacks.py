@@ -467,9 +467,8 @@ def first_change_round(world: "World", first: int, last: int) -> np.ndarray:
             ids = world.affected(number)
             ids = ids[out[ids] == 0]
             out[ids] = ch.round
-    by_behavior = getattr(world, "behavior_changed", None)
-    if by_behavior is not None:
-        b = by_behavior.astype(np.int64)
+    if world.behavior_changed is not None:
+        b = world.behavior_changed.astype(np.int64)
         earlier = (first <= b) & (b <= last) & ((out == 0) | (b < out))
         out[earlier] = b[earlier]
     return out

@@ -308,7 +308,7 @@ def _write_estimates(result: RunResult, out: Path, seconds: dict[str, float] | N
     reports = np.array([r.reports for r in recs])
     clipped = np.array([r.clipped for r in recs])
     # scripted changes and behaviors' (step, trigger): a dotted line at each round one happened
-    fired = [day for day, *_ in getattr(result.world, "behavior_fired", ())]
+    fired = [day for day, *_ in result.world.behavior_fired]
     changed = sorted({r for r in [c.round for c in sc.changes] + fired if r <= sc.rounds})
     # the protocol's own per-round columns (its round_columns: info key, value when missing; flags as 0/1)
     own = tuple(getattr(sc.protocol, "round_columns", ()))

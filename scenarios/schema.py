@@ -19,7 +19,7 @@ import warnings
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -295,8 +295,7 @@ def _step_after_last(step: behaviors.Step, round_seconds: float, rounds: int) ->
     if step.target is not behaviors.StepChange:
         return None
     at_time = step.params.get("at_time")
-    first = (behaviors.first_round_at(float(at_time), round_seconds) if at_time is not None
-             else int(step.params["round"]))
+    first = cast(behaviors.StepChange, step.start()).first_round(round_seconds)
     if first <= rounds:
         return None
     when = f"at_time: {float(at_time):g} s is round {first}," if at_time is not None else f"round: {first} is"
