@@ -11,8 +11,11 @@ Counters (summed into ``summary.json`` -> ``privacy``):
 - ``refusals``: device-reports withheld (or replaced by a data-free message) because the report's charge
   would take the device past ``Limits.budget``;
 - ``ignored``: collector messages a cohort refused as a whole: rounds outside the horizon, repeated or
-  stale rounds, other protocols, absurd broadcasts (e.g. a ToPL threshold <= 0 or a reused version); summed
-  as ``device_messages_ignored``, once per device of the cohort.
+  stale rounds, other protocols, absurd broadcasts (e.g. a ToPL threshold <= 0 or a reused version);
+  ``ignored_rows``: device-messages refused by some devices of a cohort only (a ToPL threshold no newer
+  than the one a device holds); summed as ``device_messages_ignored``: once per device of the cohort for
+  the first, once per refusing device for the second, so that the figure does not depend on how the
+  devices are split into cohorts.
 """
 
 from __future__ import annotations
@@ -59,12 +62,14 @@ class Guard:
         self.last_round = 0
         self.refusals = 0
         self.ignored = 0
+        self.ignored_rows = 0
 
     # ------------------------------------------------------------------------------------------ snapshots
     def snapshot(self) -> dict:
         """Spend, last round answered and counters (protocols.snapshot)."""
         return {"device_ids": self.device_ids, "spent": self.spent.copy(), "last_round": self.last_round,
-                "refusals": self.refusals, "ignored": self.ignored}
+                "refusals": self.refusals, "ignored": self.ignored,
+                "ignored_rows": self.ignored_rows}
 
     def restore(self, state: dict) -> None:
         from protocols import snapshot as snap
@@ -74,6 +79,7 @@ class Guard:
         self.last_round = snap.field(state, "last_round", int)
         self.refusals = snap.field(state, "refusals", int)
         self.ignored = snap.field(state, "ignored", int)
+        self.ignored_rows = snap.field(state, "ignored_rows", int)
 
     # ------------------------------------------------------------------------------------------ rounds
     def in_horizon(self, round_: int) -> bool:
@@ -90,14 +96,18 @@ class Guard:
 
     @property
     def device_messages_ignored(self) -> int:
-        """``ignored`` x the cohort's devices: a message the cohort refused counts once per device that refused
+        """``ignored`` x the cohort's devices + ``ignored_rows``: a message counts once per device that refused
         it, a figure that does not depend on how the devices are split into cohorts (summary.json's
         ``privacy.ignored_messages``)."""
-        return self.ignored * int(self.device_ids.size)
+        return self.ignored * int(self.device_ids.size) + self.ignored_rows
 
-    def ignore(self) -> None:
-        """Count a collector message refused for a reason the device side checked itself."""
-        self.ignored += 1
+    def ignore(self, devices: int | None = None) -> None:
+        """Count a collector message refused for a reason the device side checked itself: by the whole cohort
+        (``devices`` None), or by ``devices`` of its devices only (a check of per-device state)."""
+        if devices is None:
+            self.ignored += 1
+        else:
+            self.ignored_rows += int(devices)
 
     # ------------------------------------------------------------------------------------------ budget
     def affordable(self, cost: np.ndarray | float, rows: np.ndarray | None = None) -> np.ndarray:

@@ -389,8 +389,10 @@ class ToplDevices(GuardedDevices):
         holdout = self.in_holdout(r) if p.threshold_round(r) else np.zeros(self.device_ids.size, bool)
         if isinstance(msg, Threshold):
             newer = here & (msg.version > self.version)
+            stale = int(np.count_nonzero(here)) - int(np.count_nonzero(newer))
+            if stale:  # the devices that received it holding this version or a newer one refuse it
+                self.guard.ignore(stale)
             if not newer.any():
-                self.guard.ignore()
                 return None, []
             self.theta[newer], self.version[newer] = msg.theta, msg.version
             return self._report(r, newer & ~holdout, values, now, holdout_stage=False)

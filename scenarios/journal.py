@@ -54,7 +54,7 @@ RECORDS = "journal-records"
 JOURNAL_KIND = "collector-journal"
 RECORD_KIND = "transcript-record"
 DEVICE_KIND = "device-state"
-VERSION = 1  # of the journal's and the device state's fields (the container has protocols.snapshot.FORMAT)
+VERSION = 2  # of the journal's and the device state's fields (2: a guard's ignored_rows; the container has protocols.snapshot.FORMAT)
 
 
 class JournalError(ScenarioError):

@@ -96,7 +96,9 @@ def test_topl_devices_ignore_absurd_thresholds_and_reused_versions() -> None:
     before = dev.guard.ignored
     for theta, version in ((0.0, 5), (-1.0, 5), (1e-300, 5), (1e308, 5), (math.nan, 5), (p.max_value / 4, 1)):
         assert dev.respond(Threshold(1, p.name, theta, version, 1.0), 1, values, 0.0) == (None, [])
-    assert dev.guard.ignored == before + 6
+    # five refused by the cohort as a whole; the reused version by each device that holds it (all 50)
+    assert dev.guard.ignored == before + 5 and dev.guard.ignored_rows == 50
+    assert dev.guard.device_messages_ignored == (before + 5) * 50 + 50
     assert np.all(dev.theta[dev.version > 0] == p.max_value / 2)
 
 
@@ -135,3 +137,27 @@ def test_ignored_messages_do_not_depend_on_the_cohort_split() -> None:
         figures.add(output.privacy_summary(runner.run(sc))["ignored_messages"])
     (count,) = figures
     assert count > 0 and count % 200 == 0  # every device refused every replayed message
+
+
+def test_topl_threshold_refusals_do_not_depend_on_the_cohort_split() -> None:
+    """A replayed ToPL threshold is refused by the devices that already hold its version and taken by those
+    whose first copy was lost: counted per refusing device, the figure is the same with one cohort, seven
+    and one per device (it counted a cohort whole only when none of its devices took it: 5,058 devices'
+    refusals with one per device, 5,000 with one cohort, in a run of 200 devices)."""
+    figures = set()
+    for cohort in (200, 29, 1):
+        sc = schema.load("topl_pos", ["population.devices=200", "rounds=6", 'collector.behavior="replay"',
+                                      "network.downlink_loss=0.3", f"simulation.cohort_size={cohort}"])
+        figures.add(output.privacy_summary(runner.run(sc))["ignored_messages"])
+    (count,) = figures
+    assert count > 0 and count % 200 != 0  # some devices took the replayed copy, and did not refuse it
+
+
+def test_guard_counts_a_refusal_by_some_devices_per_device() -> None:
+    g = Guard(np.arange(4))
+    g.ignore()
+    g.ignore(3)
+    assert (g.ignored, g.ignored_rows, g.device_messages_ignored) == (1, 3, 7)
+    restored = Guard(np.arange(4))
+    restored.restore(g.snapshot())
+    assert restored.device_messages_ignored == 7
