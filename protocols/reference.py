@@ -143,7 +143,10 @@ def clip(x: float, low: float, high: float) -> float:
 
 # ------------------------------------------------------------------------------------ the device
 class ReferenceDevice:
-    """What every device keeps: its id, the seed, its limits, its spend and the last round it answered."""
+    """What every device keeps: its id, the seed, its limits, its spend and the last round it answered, and two
+    counters that summary.json's ``privacy`` adds up over the devices: ``refusals``, reports its budget refused
+    (``refusals``), and ``ignored``, collector messages it refused (``ignored_messages``): of another type or
+    protocol than it answers, outside its horizon, repeated, stale, or not plausible."""
 
     stages: tuple[str, ...] = ("report",)
     memoized = False  # the 1BitMean and dBitFlip families: whether reports are memoized (report_charges)
@@ -159,10 +162,20 @@ class ReferenceDevice:
         self.budget = getattr(limits, "budget", None) if limits is not None else None
         self.spent = 0.0
         self.last_round = 0
+        self.refusals = 0
+        self.ignored = 0
 
     # the budget: a report is sent only if its charge fits
     def affordable(self, cost: float) -> bool:
-        return self.budget is None or cost <= 0 or self.spent + cost <= self.budget + BUDGET_SLACK
+        ok = self.budget is None or cost <= 0 or self.spent + cost <= self.budget + BUDGET_SLACK
+        if not ok:
+            self.refusals += 1
+        return ok
+
+    def ignore(self) -> bool:
+        """Count a refused collector message; False, for ``return self.ignore()`` in a check."""
+        self.ignored += 1
+        return False
 
     def report_charges(self, r: int, memo_input: int) -> list[Charge] | None:
         """The charges of one report of the 1BitMean and dBitFlip families, or None when the budget refuses it.
@@ -195,9 +208,9 @@ class ReferenceDevice:
         """A collection request of this protocol, inside the horizon, for the round the device is at, after
         the last one it answered. Remembers it as answered."""
         if not isinstance(msg, CollectionRequest) or msg.protocol != self.params.name:
-            return False
+            return self.ignore()
         if not self.in_horizon(msg.round) or msg.round <= self.last_round or msg.round != current:
-            return False
+            return self.ignore()
         self.last_round = msg.round
         return True
 
@@ -501,6 +514,7 @@ class ThreshReference(EpochReference):
     def on_message(self, msg, day, value=None, present=True, now=0.0):
         p = self.params
         if msg.protocol != p.name or not isinstance(msg, (CollectionRequest, Decision)):
+            self.ignore()
             return None, []
         t = msg.round
         if isinstance(msg, CollectionRequest):
@@ -513,6 +527,7 @@ class ThreshReference(EpochReference):
             return self.vote(t)
         # the decision of the epoch whose vote was just requested, once, inside the horizon
         if not self.in_horizon(t) or t != self.voted or t != self.complete_epoch or t <= self.estimated:
+            self.ignore()
             return None, []
         self.estimated = t
         return self.estimate(t, msg.update) if present and self.valid else (None, [])
@@ -777,18 +792,29 @@ class ToplReference(ReferenceDevice):
     def on_message(self, msg, day, value, present=True, now=0.0):
         p = self.params
         r = msg.round
-        if (not isinstance(msg, (CollectionRequest, Threshold)) or msg.protocol != p.name or r != day
-                or not self.in_horizon(r) or not present):
+        if not isinstance(msg, (CollectionRequest, Threshold)) or msg.protocol != p.name:
+            self.ignore()
+            return None, []
+        if isinstance(msg, CollectionRequest) and not self.admit(msg, day):
             return None, []
         if isinstance(msg, Threshold):
             plausible = math.isfinite(msg.theta) and p.max_value * 1e-9 <= msg.theta <= p.max_value
             expected = sum(1 for t in range(1, r + 1) if self.threshold_round(t))  # the public version schedule
-            if not plausible or not self.threshold_round(r) or msg.version != expected or msg.version <= self.version:
+            if (r != day or not self.in_horizon(r) or not plausible or not self.threshold_round(r)
+                    or msg.version != expected):
+                self.ignore()
+                return None, []
+            if not present:
+                return None, []
+            if msg.version <= self.version:  # received, but it holds this version already
+                self.ignore()
                 return None, []
             self.theta, self.version = msg.theta, msg.version
             if self.in_holdout(r):
                 return None, []
             return self.report(r, value, holdout=False)
+        if not present:
+            return None, []
         if self.threshold_round(r):
             return self.report(r, value, holdout=True) if self.in_holdout(r) else (None, [])
         return self.report(r, value, holdout=False) if self.version > 0 else (None, [])

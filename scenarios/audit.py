@@ -26,7 +26,9 @@ the directory cannot know which devices will be replayed. Then it compares:
   that follows from the scenario (scenarios.accounting.promises: guarantee, derivation, scope, per-report
   epsilon, budget, horizon, (eps, delta), worst-case loss), and, where the audit read this directory's
   ledger.parquet, max spend, ``epsilon`` max/mean/p50/p99, within_guarantee, within_budget and the
-  within-pattern max from the ledger's totals;
+  within-pattern max from the ledger's totals; and, where every device was replayed, ``refusals`` and
+  ``ignored_messages`` with the reference devices' own counts (reports the budget refused, collector
+  messages refused);
 - the transcript digest recomputed from transcript.parquet with summary.json's ``digests.transcript``
   (``transcript_digest``), and the ledger rows digest recomputed from ledger.parquet with
   ``digests.ledger_rows`` (``ledger_digest``: it covers the charges' times too, which no other check reads).
@@ -68,7 +70,7 @@ from protocols import keyed
 from protocols.keyed import Purpose, stream_key
 from protocols.ledger import exceeds
 from protocols.messages import CollectionRequest, Decision, Threshold
-from protocols import reference
+from protocols import reference, wire
 from scenarios import jsonout, resources
 from scenarios.schema import Scenario, ScenarioError, parse
 
@@ -437,10 +439,24 @@ class Replay:
     spent: np.ndarray  # the reference devices' own totals
     time_left: np.ndarray  # per broadcast: its deadline minus the time it reached the devices
     messages: int
+    refusals: int = 0  # the reference devices' reports refused for the budget
+    ignored: int = 0  # and collector messages they refused
+
+
+def _decodable(msg: Any) -> bool:
+    """Whether the devices can decode a recorded broadcast: they receive its bytes (protocols.wire), and one
+    the decoder refuses (a ToPL threshold theta < 0) reaches no device model, as in the run, where it is
+    counted under ``messages.rejected_by_devices`` and not as ignored."""
+    try:
+        wire.decode(wire.encode(msg))
+    except (ValueError, OverflowError):  # wire.WireError included
+        return False
+    return True
 
 
 def replay(files: RunFiles, ids: np.ndarray, progress: bool = False) -> Replay:
-    """Every chosen device through its reference model, against every recorded broadcast in order."""
+    """Every chosen device through its reference model, against every recorded broadcast in order (the ones
+    its devices can decode)."""
     from agents.world import World
     from scenarios import tables
 
@@ -463,6 +479,7 @@ def replay(files: RunFiles, ids: np.ndarray, progress: bool = False) -> Replay:
     time_left = np.array([m.deadline - (t + net.latency) for m, t in zip(files.downlink, files.times)])
     id_list = ids.tolist()
     everyone = [True] * len(id_list)
+    decodable = [_decodable(m) for m in files.downlink]
     bar = None
     if progress:
         from tqdm import tqdm
@@ -480,6 +497,10 @@ def replay(files: RunFiles, ids: np.ndarray, progress: bool = False) -> Replay:
             values = [None] * len(id_list)  # epoch protocols report what they observed
         for k in by_day.get(day, ()):
             msg, sent = files.downlink[k], files.times[k]
+            if not decodable[k]:
+                if bar is not None:
+                    bar.update(1)
+                continue
             now = sent + net.latency  # a broadcast reaches the devices after the base latency
             device_day = int(now // sc.simulation.round_seconds) + 1
             got = here
@@ -506,7 +527,7 @@ def replay(files: RunFiles, ids: np.ndarray, progress: bool = False) -> Replay:
         bar.close()
     spent = np.array([d.spent for d in devices], dtype=np.float64)
     return Replay(stages, (ch_dev, ch_round, list(reasons), ch_reason, ch_amount), spent, time_left,
-                  len(files.downlink))
+                  len(files.downlink), sum(d.refusals for d in devices), sum(d.ignored for d in devices))
 
 
 # ------------------------------------------------------------------------------------------- comparison
@@ -918,6 +939,22 @@ def check_claims(files: RunFiles, guarantee: float, budget: float | None, totals
             findings.add("summary_claim", key=key, summary=said, recomputed=true)
 
 
+def check_counters(files: RunFiles, rep: Replay, everyone: bool, findings: Findings) -> dict:
+    """summary.json's ``privacy.refusals`` and ``privacy.ignored_messages`` against the reference devices' own
+    counts (``summary_claim``), when the audit replayed every device and the devices' counts are this run's
+    (its ledger here: a ``serve`` collector's devices count in their own processes, and summary.json says
+    null). A sample's counts are recorded, not compared: the summary holds the population's totals only."""
+    privacy = files.summary["privacy"]
+    out: dict = {}
+    for key, counted in (("refusals", rep.refusals), ("ignored_messages", rep.ignored)):
+        said = privacy.get(key)
+        checked = everyone and files.ledger_source == "ledger.parquet"
+        out[key] = {"summary": said, "reference": counted, "checked": checked}
+        if checked and (isinstance(said, bool) or not isinstance(said, int) or said != counted):
+            findings.add("summary_claim", key=f"privacy.{key}", summary=said, recomputed=counted)
+    return out
+
+
 def check_ledger_digest(files: RunFiles, findings: Findings) -> dict:
     """The ledger rows digest recomputed from the ledger read against summary.json's ``digests.ledger_rows``
     (``ledger_digest``): a row of ledger.parquet changed, added or removed (its time included, which no other
@@ -973,6 +1010,7 @@ def audit(run_dir: Path | str, devices: int | str | None = None, ledgers: Sequen
     max_spend = float(totals.max()) if totals.size else 0.0
     check_rounds(files, findings)
     check_claims(files, guarantee, budget, totals, findings)
+    counters = check_counters(files, rep, how == "all", findings)
     timing["compare"] = time.perf_counter() - t0 - sum(timing.values())
     mismatches = findings.as_dict()
     record = {
@@ -990,6 +1028,7 @@ def audit(run_dir: Path | str, devices: int | str | None = None, ledgers: Sequen
         "reference_max_spend": float(rep.spent.max()) if rep.spent.size else 0.0,
         "guarantee": guarantee,
         "budget": budget,
+        "counters": counters,
         "transcript_digest": {"recomputed": digest, "summary": files.summary["digests"]["transcript"]},
         "ledger_digest": ledger_digest,
         "mismatches": mismatches,

@@ -380,6 +380,38 @@ def test_forged_privacy_claims_in_summary_json_fail(tmp_path, clean_runs, key, v
     assert ex["key"] == f"privacy.{key}" and ex["summary"] in (value, str(value))  # audit.json: "inf", strict JSON
 
 
+@pytest.mark.parametrize("name,extra", [
+    ("quickstart", ['collector.behavior="bad_threshold"', "privacy.budget=1.5", "network.downlink_loss=0.2"]),
+    ("topl_pos", ['collector.behavior="replay"', "privacy.budget=6", "network.downlink_loss=0.3"]),
+    ("thresh_stable", ['collector.behavior="far_future"', "privacy.budget=1.2"]),
+])
+def test_refusals_and_ignored_messages_are_recounted(tmp_path, name, extra) -> None:
+    """privacy.refusals and privacy.ignored_messages are recounted by the reference devices when every device
+    is replayed: the run's figures (both non-zero: a budget below the guarantee, a hostile collector) audit
+    clean, a figure one off is a summary_claim naming it, and a sampled audit records its sample's counts as
+    not checked. The messages the devices cannot decode (bad_threshold's theta = -1) are not ignored ones."""
+    run = make_run(tmp_path / "run", name, extra)
+    summary = json.loads((run / "summary.json").read_text())
+    record = audit.audit(run, write=False)
+    assert record["verdict"] == "clean", record["mismatches"]
+    for key in ("refusals", "ignored_messages"):
+        assert record["counters"][key] == {"summary": summary["privacy"][key], "reference": summary["privacy"][key],
+                                           "checked": True}
+        assert summary["privacy"][key] > 0
+    for key in ("refusals", "ignored_messages"):
+        forged = _copy(run, tmp_path / key)
+        edited = json.loads((forged / "summary.json").read_text())
+        edited["privacy"][key] -= 1
+        (forged / "summary.json").write_text(json.dumps(edited))
+        record = audit.audit(forged, write=False)
+        assert kinds(record) == {"summary_claim"}
+        (ex,) = record["mismatches"]["summary_claim"]["examples"]
+        assert ex == {"key": f"privacy.{key}", "summary": summary["privacy"][key] - 1,
+                      "recomputed": summary["privacy"][key]}
+        sampled = audit.audit(forged, devices=25, write=False)
+        assert sampled["verdict"] == "clean" and sampled["counters"][key]["checked"] is False
+
+
 def test_bounds_hold_over_the_whole_ledger_when_the_audit_replays_a_sample(tmp_path, clean_runs) -> None:
     """A sampled audit replays some devices, but checks every device's ledger total against the guarantee and
     spend.parquet: a device outside the sample charged past the guarantee still fails the audit, and the max
