@@ -10,13 +10,16 @@ The collector stores no per-device state: it derives ``k_d`` from ``S`` when it 
 
 **Hello.** When the collector has a secret, its first frame on every connection is a ``Challenge`` with a fresh
 32-byte random nonce ``N``. The client's ``Hello`` for devices ``d_1 < d_2 < ... < d_n`` (n >= 1) carries
+``mac = probe || full`` (64 bytes), where, with
+``M = "ldpsim/hello/v1" || N || uint32_be(round) || protocol || 0x00 || SHA256(uint64_be(d_1..d_n))``,
 
-    mac = HMAC-SHA256(k_{d_1} || k_{d_2} || ... || k_{d_n},
-                      "ldpsim/hello/v1" || N || uint32_be(round) || protocol || 0x00 || SHA256(uint64_be(d_1..d_n)))
+    full  = HMAC-SHA256(k_{d_1} || k_{d_2} || ... || k_{d_n}, M)
+    probe = HMAC-SHA256(k_{d_j}, "ldpsim/probe/v1" || M),   j = uint64_be(SHA256("ldpsim/probe/v1" || M)[:8]) mod n
 
-keyed with the concatenation of the connection's device credentials (HMAC hashes a key longer than its
-64-byte block: the key is then SHA256 of the concatenation). The collector recomputes it from ``S`` and compares
-in constant time (:func:`hmac.compare_digest`).
+``full`` is keyed with the concatenation of the connection's device credentials (HMAC hashes a key longer than
+its 64-byte block: the key is then SHA256 of the concatenation). The collector recomputes both from ``S`` and
+compares in constant time (:func:`hmac.compare_digest`), the probe first: one credential, so that a forged
+Hello costs it one derivation whatever the number of ids it names.
 
 - *Binds the ids:* the key holds every named device's credential, in order, and the message holds their digest;
   a Hello for other or more devices needs their credentials. Knowing some devices' credentials gives nothing
@@ -28,7 +31,10 @@ in constant time (:func:`hmac.compare_digest`).
   ids cheaply first (range and duplicates), so that an unauthenticated peer cannot make it derive keys for
   ids the checks refuse, and refuses a first frame longer than a Hello of its whole population; it verifies
   one Hello at a time, off its event loop, and only then says whether another connection holds the devices
-  (collector/server.py).
+  (collector/server.py). The probe stops a forged Hello after one derivation (and a SHA256 of its ids):
+  without credentials a peer cannot make the collector derive the other n - 1, and a peer holding one
+  device's credential must find, by trying Hellos, one whose ``j`` lands on its device (1 in n), which costs
+  it about as much as it costs the collector.
 
 Without TLS the rest of the connection is not integrity-protected: an on-path attacker could inject frames
 into an authenticated connection. Use ``--tls-cert``/``--tls-key`` (server) and ``--tls-ca`` (client) where the
@@ -46,8 +52,11 @@ from pathlib import Path
 
 import numpy as np
 
+from protocols.wire import MAC_BYTES  # a Hello's probe || full MAC: 2 x KEY_BYTES
+
 DEVICE_CONTEXT = b"ldpsim/device/v1"  # 16 bytes
 HELLO_CONTEXT = b"ldpsim/hello/v1"
+PROBE_CONTEXT = b"ldpsim/probe/v1"
 MIN_SECRET_BYTES = 16
 KEY_BYTES = 32
 
@@ -111,11 +120,21 @@ def hello_message(nonce: bytes, round_: int, protocol: str, ids: np.ndarray) -> 
     return HELLO_CONTEXT + bytes(nonce) + struct.pack(">I", round_) + protocol.encode("utf-8") + b"\0" + ids_digest
 
 
+def probe_index(message: bytes, n: int) -> int:
+    """``j``: the position among the Hello's ``n`` ids of the device whose credential keys the probe, a hash of
+    the whole Hello message (nonce and ids digest included), so that a peer cannot choose it."""
+    return int.from_bytes(hashlib.sha256(PROBE_CONTEXT + message).digest()[:8], "big") % n
+
+
 def hello_mac(keys: bytes, nonce: bytes, round_: int, protocol: str, ids: np.ndarray) -> bytes:
-    """The Hello's MAC from the named devices' concatenated credentials ``keys`` (see the module docstring)."""
+    """The Hello's MAC, probe || full (:data:`MAC_BYTES`), from the named devices' concatenated credentials
+    ``keys`` (see the module docstring)."""
     if not keys:
         raise ValueError("a Hello names at least one device")
-    return hmac.digest(keys, hello_message(nonce, round_, protocol, ids), "sha256")
+    message = hello_message(nonce, round_, protocol, ids)
+    j = probe_index(message, len(keys) // KEY_BYTES)
+    probe = hmac.digest(keys[j * KEY_BYTES:(j + 1) * KEY_BYTES], PROBE_CONTEXT + message, "sha256")
+    return probe + hmac.digest(keys, message, "sha256")
 
 
 #: ids whose credentials :func:`verify_hello` derives at a time (2 MB of keys)
@@ -128,10 +147,16 @@ def verify_hello(secret: bytes, nonce: bytes, round_: int, protocol: str, ids: n
 
     In constant memory: HMAC replaces a key longer than its 64-byte block by the key's SHA256, so the
     concatenated credentials are hashed as they are derived, :data:`VERIFY_CHUNK` ids at a time (a Hello of
-    millions of ids held gigabytes of keys at once)."""
-    if mac is None or len(ids) == 0:
+    millions of ids held gigabytes of keys at once). The probe is checked first, with one credential: a forged
+    Hello is refused after one derivation however many ids it names."""
+    if mac is None or len(ids) == 0 or len(mac) != MAC_BYTES:
         return False
     ids = np.asarray(ids)
+    message = hello_message(nonce, round_, protocol, ids)
+    j = probe_index(message, ids.size)
+    probe = hmac.digest(device_keys(secret, ids[j:j + 1]), PROBE_CONTEXT + message, "sha256")
+    if not hmac.compare_digest(probe, mac[:KEY_BYTES]):
+        return False
     if ids.size * KEY_BYTES <= 64:  # a short key is used as it is
         keys = device_keys(secret, ids)
     else:
@@ -139,5 +164,4 @@ def verify_hello(secret: bytes, nonce: bytes, round_: int, protocol: str, ids: n
         for at in range(0, ids.size, VERIFY_CHUNK):
             digest.update(device_keys(secret, ids[at:at + VERIFY_CHUNK]))
         keys = digest.digest()
-    expected = hmac.digest(keys, hello_message(nonce, round_, protocol, ids), "sha256")
-    return hmac.compare_digest(expected, mac)
+    return hmac.compare_digest(hmac.digest(keys, message, "sha256"), mac[KEY_BYTES:])

@@ -47,7 +47,8 @@ MAX_COLUMNS = 16
 MAX_ROUND = 2**31 - 1
 MAX_DEPTH = 3  # containers nested at most this deep (the schema needs 2)
 MAX_OBJECTS = 4096  # msgpack objects in one message at most (a report batch has about 20)
-MAC_BYTES = NONCE_BYTES = 32
+NONCE_BYTES = 32
+MAC_BYTES = 64  # a Hello's probe and full MAC (protocols.auth)
 SCENARIO_BYTES = 32  # a Hello's scenario fingerprint (sha256)
 MAX_REASON = 200  # characters of a refusal's reason
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_\-]{0,63}\Z")  # \Z: "$" would also match before a trailing newline

@@ -179,6 +179,34 @@ def test_hello_mac_binds_nonce_ids_round_and_protocol() -> None:
     assert not auth.verify_hello(SECRET, nonce, 1, PROTOCOL, np.arange(0), mac)
 
 
+def test_a_forged_hello_costs_one_derivation_however_many_ids_it_names(monkeypatch) -> None:
+    """The probe (one credential, the device at a position the nonce and the ids choose) is checked first: a
+    forged Hello naming 200,000 devices is refused after deriving one key (it derived all 200,000, about
+    0.3 s, an attacker's note). Each half of the MAC is checked: a right probe with a wrong full MAC fails,
+    and so does the reverse."""
+    derived: list[int] = []
+    real_keys = auth.device_keys
+
+    def counting_keys(secret, ids):
+        derived.append(len(ids))
+        return real_keys(secret, ids)
+
+    monkeypatch.setattr(auth, "device_keys", counting_keys)
+    nonce = bytes(range(32))
+    many = np.arange(200_000)
+    assert not auth.verify_hello(SECRET, nonce, 1, PROTOCOL, many, bytes(64))
+    assert derived == [1]
+    ids = np.arange(40, 60)
+    good = auth.hello_mac(real_keys(SECRET, ids), nonce, 1, PROTOCOL, ids)
+    assert len(good) == wire.MAC_BYTES and auth.verify_hello(SECRET, nonce, 1, PROTOCOL, ids, good)
+    assert not auth.verify_hello(SECRET, nonce, 1, PROTOCOL, ids, bytes(32) + good[32:])
+    assert not auth.verify_hello(SECRET, nonce, 1, PROTOCOL, ids, good[:32] + bytes(32))
+    assert not auth.verify_hello(SECRET, nonce, 1, PROTOCOL, ids, good[:32])
+    # the probe's device moves with the nonce: a peer holding one device's credential cannot choose it
+    positions = {auth.probe_index(auth.hello_message(bytes([k]) * 32, 1, PROTOCOL, ids), ids.size) for k in range(64)}
+    assert len(positions) > 10
+
+
 def test_a_hello_of_many_ids_is_verified_in_chunks_with_the_same_answer(monkeypatch) -> None:
     """verify_hello hashes the credentials as it derives them (a 16M-id Hello held 4 GB of keys at once): across
     chunk boundaries and for the short keys of one or two devices it agrees with the MAC of the whole key."""
@@ -275,7 +303,7 @@ async def test_with_a_secret_forged_and_replayed_hellos_are_refused() -> None:
     await h.listen()
     h.start_run()
     n, shard0 = sc.devices, live.shard(sc.devices, 0, 2)
-    await send_and_expect_close(h.port, hello(np.arange(n), mac=bytes(32)), challenge=True)
+    await send_and_expect_close(h.port, hello(np.arange(n), mac=bytes(64)), challenge=True)
     assert not h.server._registered.is_set() and h.server._held == 0
     await send_and_expect_close(h.port, hello(shard0), challenge=True)  # no mac
     # another secret
@@ -374,7 +402,7 @@ async def test_a_hello_outside_the_population_costs_no_key_and_tells_nothing_of_
     reader, writer = await connect(h.port)
     challenge = await read_frame(reader)
     assert isinstance(challenge, Challenge)
-    writer.write(hello(np.arange(n - 10, n + 5000), mac=bytes(32)))
+    writer.write(hello(np.arange(n - 10, n + 5000), mac=bytes(64)))
     refusal = await read_frame(reader)
     while not isinstance(refusal, Refusal):  # (the round's broadcasts go to every connection)
         refusal = await read_frame(reader)
@@ -938,7 +966,7 @@ async def test_a_hello_queued_behind_slow_verifications_waits_at_most_the_hello_
         async def knock():
             reader, writer = await connect(port)
             challenge = await read_frame(reader)
-            writer.write(hello([1, 2, 3], mac=b"\0" * 32, round_=challenge.round))
+            writer.write(hello([1, 2, 3], mac=b"\0" * 64, round_=challenge.round))
             await writer.drain()
             return await closed_by_server(reader, timeout=5)
 

@@ -569,7 +569,7 @@ def test_hello_and_challenge_round_trip():
     from protocols.messages import Challenge, Hello
 
     ids = np.array([3, 9, 2**32 - 1], np.uint32)
-    for mac in (None, bytes(range(32))):
+    for mac in (None, bytes(range(64))):
         out = decode(encode(Hello(4, "1bitrrpm", ids, mac)))
         assert isinstance(out, Hello) and out.mac == mac and out.round == 4
         np.testing.assert_array_equal(out.devices, ids)
@@ -591,8 +591,8 @@ HELLO = {"v": 1, "type": "hello", "round": 1, "protocol": "1bitrrpm", "devices":
 
 
 @pytest.mark.parametrize("body,problem", [
-    ({**HELLO, "mac": arr("u1", range(31))}, "field 'mac' must be a u1 array of 32 bytes"),
-    ({**HELLO, "mac": arr("u4", range(8))}, "field 'mac' must be a u1 array of 32 bytes"),
+    ({**HELLO, "mac": arr("u1", range(32))}, "field 'mac' must be a u1 array of 64 bytes"),
+    ({**HELLO, "mac": arr("u4", range(16))}, "field 'mac' must be a u1 array of 64 bytes"),
     ({**HELLO, "mac": "x" * 32}, "field 'mac' must be a typed array, got str"),
     ({**HELLO, "nonce": arr("u1", range(32))}, "unknown field 'nonce' in a 'hello' message"),
     ({**HELLO, "devices": arr("i8", [-1])}, "field 'devices' must be a one-dimensional u4 or u8 array"),
@@ -712,7 +712,7 @@ def _valid_doc(rng: np.random.Generator) -> dict:
         doc["columns"] = {"bit": ext(0, n, np.packbits(rng.integers(0, 2, n).astype(np.uint8)).tobytes()),
                           "grid": arr("u4", rng.integers(0, 2**32, n, dtype=np.uint64))}
     if kind == "hello" and rng.random() < 0.5:
-        doc["mac"] = arr("u1", np.frombuffer(rng.bytes(32), np.uint8))
+        doc["mac"] = arr("u1", np.frombuffer(rng.bytes(64), np.uint8))
     if kind == "challenge":
         doc["nonce"] = arr("u1", np.frombuffer(rng.bytes(32), np.uint8))
     return doc
