@@ -510,6 +510,15 @@ def cmd_privacy_audit(args: argparse.Namespace) -> int:
                               args.set, args.quiet)
 
 
+def cmd_conformance(args: argparse.Namespace) -> int:
+    """Run the conformance kit on a protocol (scenarios/conformance.py)."""
+    from scenarios import conformance
+
+    only = [c.strip() for c in args.only.split(",") if c.strip()] if args.only else None
+    return conformance.main(args.target, only, _int_arg("--devices", args.devices), _int_arg("--rounds", args.rounds),
+                            args.set, args.json, args.quiet)
+
+
 def cmd_protocols(args: argparse.Namespace) -> int:
     """List the registered protocols: built-in, then installed plugins (entry point group ldpsim.protocols)."""
     from protocols import registry
@@ -739,6 +748,27 @@ def parser() -> argparse.ArgumentParser:
     pr = sub.add_parser("protocols", help="list the registered protocols (built-in and installed plugins)")
     pr.add_argument("--json", action="store_true", help="print them as a JSON list")
     pr.set_defaults(func=cmd_protocols)
+
+    cf = sub.add_parser(
+        "conformance", help="check that a protocol has the properties every protocol must have",
+        description="Run the conformance kit (scenarios/conformance.py) on a small two-group scenario of a "
+                    "protocol: digests independent of the cohort split and of threads, live TCP equal to the "
+                    "simulation, the wire format under fuzzing, every hostile collector and a budget, a clean "
+                    "ldpsim audit, and privacy-audit lower bounds not above the claims. Every check runs whatever "
+                    "the others give; exit status 1 when one fails.")
+    cf.add_argument("target", metavar="PROTOCOL_OR_SCENARIO",
+                    help="a protocol name (its example [protocol] table) or a scenario file or shipped name (its "
+                         "[protocol] table and seed)")
+    cf.add_argument("--only", metavar="CHECK[,CHECK...]", help="run only these checks (cohort_split, "
+                                                               "live_equals_simulated, wire, hostile, audit, "
+                                                               "privacy_audit)")
+    cf.add_argument("--devices", default="400", metavar="N", help="devices of the check scenario (default 400)")
+    cf.add_argument("--rounds", default="6", metavar="T", help="rounds of the check scenario (default 6)")
+    cf.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a key of the check scenario, e.g. --set protocol.epsilon=2")
+    cf.add_argument("--json", action="store_true", help="print the results as JSON (no table)")
+    cf.add_argument("--quiet", action="store_true", help="no progress lines")
+    cf.set_defaults(func=cmd_conformance)
 
     pa = sub.add_parser(
         "privacy-audit", help="measure empirical epsilon lower bounds on canary devices",

@@ -15,8 +15,9 @@ A protocol (built in or a plugin, protocols/registry.py) passes when, on a small
   (``reference_model`` on its parameter class, or a built-in one) and finds the run clean;
 - :func:`check_privacy_audit`: ``ldpsim privacy-audit``'s lower bounds are not above the claims.
 
-:func:`run_conformance` runs them all. A plugin's tests call it (or one check per test) on a scenario from
-:func:`scenario_for`. It drives the runtimes, so it lives with them (scenarios/), not in the sans-IO protocols/.
+:func:`run_conformance` runs them all (``keep_going``: every check, then one error naming each that failed). A
+plugin's tests call it (or one check per test) on a scenario from :func:`scenario_for`; ``ldpsim conformance
+PROTOCOL_OR_SCENARIO`` (:func:`main`) runs them from the command line, one line a check. It drives the runtimes, so it lives with them (scenarios/), not in the sans-IO protocols/.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import asyncio
 import dataclasses
 import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -263,7 +264,78 @@ CHECKS: dict[str, Callable[[Any], Any]] = {
 }
 
 
-def run_conformance(sc: Any, only: tuple[str, ...] | None = None) -> dict[str, Any]:
-    """Every check (or those named in ``only``) on ``sc``; raises ConformanceError at the first failure and
-    returns each check's figures otherwise."""
-    return {name: check(sc) for name, check in CHECKS.items() if only is None or name in only}
+def _chosen(only: Sequence[str] | None) -> list[str]:
+    """The checks to run, in CHECKS order; ValueError naming a check that does not exist."""
+    unknown = sorted(set(only or ()) - set(CHECKS))
+    if unknown:
+        raise ValueError(f"no conformance check {', '.join(map(repr, unknown))} (checks: {', '.join(CHECKS)})")
+    return [name for name in CHECKS if only is None or name in only]
+
+
+def run_conformance(sc: Any, only: Sequence[str] | None = None, keep_going: bool = False) -> dict[str, Any]:
+    """Every check (or those named in ``only``) on ``sc``; returns each check's figures. A failure raises
+    ConformanceError at once, or with ``keep_going`` after every check has run, naming each that failed."""
+    out: dict[str, Any] = {}
+    failed: list[str] = []
+    names = _chosen(only)
+    for name in names:
+        try:
+            out[name] = CHECKS[name](sc)
+        except ConformanceError as exc:
+            if not keep_going:
+                raise
+            failed.append(str(exc))
+    if failed:
+        raise ConformanceError(f"{len(failed)} of {len(names)} checks failed:\n" + "\n".join(failed))
+    return out
+
+
+def main(target: str, only: Sequence[str] | None, devices: int, rounds: int, overrides: Sequence[str],
+         as_json: bool = False, quiet: bool = False) -> int:
+    """``ldpsim conformance``: every check on a small scenario of ``target``'s protocol (a protocol name: its
+    example table; or a scenario file or shipped name: its [protocol] table and seed), each run whatever the
+    others gave; one line a check (or a JSON list); exit status 1 when one failed."""
+    import json
+    import sys
+    import time
+
+    from scenarios import privacy_audit
+    from scenarios.schema import ScenarioError
+
+    try:
+        names = _chosen(only)
+    except ValueError as exc:
+        raise ScenarioError(f"--only: {exc}") from None
+    if devices < 20 or rounds < 2:
+        raise ScenarioError(f"--devices {devices} --rounds {rounds}: the checks need at least 20 devices and "
+                            f"2 rounds")
+    privacy_audit.require_target(target)
+    table, seed = privacy_audit.protocol_table(target)
+    sc = scenario_for(table, devices, rounds, seed)
+    if overrides:
+        sc = _with(sc, *overrides)
+    rows: list[dict[str, Any]] = []
+    for name in names:
+        if not (quiet or as_json):
+            print(f"checking {name} ...", file=sys.stderr, flush=True)
+        t0 = time.perf_counter()
+        try:
+            CHECKS[name](sc)
+            error = None
+        except ConformanceError as exc:
+            error = str(exc)
+        rows.append({"check": name, "passed": error is None, "seconds": round(time.perf_counter() - t0, 2),
+                     "error": error})
+    if as_json:
+        print(json.dumps({"protocol": sc.protocol.name, "devices": sc.devices, "rounds": sc.rounds,
+                          "checks": rows}, indent=1))
+    else:
+        width = max(len(r["check"]) for r in rows)
+        for r in rows:
+            verdict = "passed" if r["passed"] else "FAILED"
+            print(f"{r['check']:<{width}}  {verdict}  {r['seconds']:6.1f} s"
+                  + ("" if r["passed"] else f"  {r['error'].splitlines()[0]}"))
+        failed = sum(not r["passed"] for r in rows)
+        print(f"\n{sc.protocol.name}: {len(rows) - failed} of {len(rows)} checks passed "
+              f"({sc.devices:,} devices x {sc.rounds} rounds)")
+    return 1 if any(not r["passed"] for r in rows) else 0

@@ -498,6 +498,21 @@ def central_row(name: str, game: Game) -> Row:
                     "released estimates, not on a device's transcript")
 
 
+def require_target(target: str, also: str = "") -> None:
+    """ScenarioError unless ``target`` is a protocol with an example table, or a scenario file or shipped name
+    (``also``: other accepted words, for the message)."""
+    if default_table(target) is not None:
+        return
+    try:
+        schema.resolve_path(target)
+    except ScenarioError:
+        if _protocol_class(target) is not None:
+            raise ScenarioError(f"protocol {target!r} gives no example [protocol] table (its parameter class's "
+                                f"`examples`): name a scenario file that uses it instead") from None
+        raise ScenarioError(f"{target!r} is neither a protocol ({', '.join(PROTOCOLS)}), {also}nor a scenario "
+                            f"file or shipped scenario name") from None
+
+
 def protocol_table(target: str) -> tuple[dict[str, Any], int]:
     """The [protocol] table and seed an audit of ``target`` uses: a protocol name (its parameter class's example table), or a
     scenario file or shipped name whose [protocol] table (and seed) is taken as it is."""
@@ -637,15 +652,8 @@ def main(target: str, trials: int, rounds: int, as_json: bool, out: str | None, 
         raise ScenarioError(f"--trials {trials}: at least 10 canaries per input are needed")
     if not 1 <= rounds <= 10_000:
         raise ScenarioError(f"--rounds {rounds}: must be in [1, 10000]")
-    if target != "all" and default_table(target) is None:
-        try:
-            schema.resolve_path(target)
-        except ScenarioError:
-            if _protocol_class(target) is not None:
-                raise ScenarioError(f"protocol {target!r} gives no example [protocol] table (its parameter class's "
-                                    f"`examples`): audit a scenario file that uses it instead") from None
-            raise ScenarioError(f"{target!r} is neither a protocol ({', '.join(PROTOCOLS)}), nor 'all', "
-                                f"nor a scenario file or shipped scenario name") from None
+    if target != "all":
+        require_target(target, "nor 'all', ")
     say = None if (as_json or quiet) else (lambda msg: print(f"auditing {msg}", file=sys.stderr, flush=True))
     rows = audit(target, trials, rounds, seed, overrides, say)
     # a file: its name without the suffix; a protocol or module:Class: itself; only [A-Za-z0-9._-] in a folder name

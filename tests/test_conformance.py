@@ -107,3 +107,63 @@ def test_an_audit_failure_is_told_in_a_few_short_lines() -> None:
     long = {"mismatches": {"report_value": {"count": 1, "examples": [{"transcript": list(range(1024))}]}}}
     (line,) = audit.mismatch_lines(long)
     assert line.endswith('[0, 1, 2, 3, 4, 5, 6, 7, "... 1,024 values in all"]}') and len(line) < 120, line
+
+
+def test_keep_going_runs_every_check_and_names_each_failure(monkeypatch) -> None:
+    """run_conformance(keep_going=True) runs the checks after a failed one and raises one error naming each
+    failure; without it the first failure stops the kit (the later checks do not run)."""
+    ran: list[str] = []
+
+    def fake(name: str, fails: bool):  # type: ignore[no-untyped-def]
+        def check(sc):  # type: ignore[no-untyped-def]
+            ran.append(name)
+            if fails:
+                raise testing.ConformanceError(f"{name}: broken on purpose")
+            return name
+        return check
+
+    monkeypatch.setattr(testing, "CHECKS", {"a": fake("a", True), "b": fake("b", False), "c": fake("c", True)})
+    with pytest.raises(testing.ConformanceError) as caught:
+        testing.run_conformance(None, keep_going=True)
+    assert ran == ["a", "b", "c"]
+    assert str(caught.value).splitlines() == ["2 of 3 checks failed:", "a: broken on purpose", "c: broken on purpose"]
+    ran.clear()
+    with pytest.raises(testing.ConformanceError, match="^a: broken on purpose$"):
+        testing.run_conformance(None)
+    assert ran == ["a"]
+    assert testing.run_conformance(None, only=["b"]) == {"b": "b"}
+    with pytest.raises(ValueError, match="no conformance check 'z'"):
+        testing.run_conformance(None, only=["z"])
+
+
+def test_the_conformance_command(monkeypatch, capsys) -> None:
+    """``ldpsim conformance``: a line a check, exit 0 when all pass; a failing check is named with its first line,
+    the others still run, exit 1; a name that is no check, a target that is neither a protocol nor a scenario,
+    and a scenario too small exit 2 with one line."""
+    import json
+
+    from scenarios import cli
+
+    assert cli.main(["conformance", "1bitrrpm", "--only", "cohort_split,audit", "--quiet"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split()[:2] == ["cohort_split", "passed"] and out[1].split()[:2] == ["audit", "passed"]
+    assert out[-1] == "1bitrrpm: 2 of 2 checks passed (400 devices x 6 rounds)"
+
+    def broken(sc):  # type: ignore[no-untyped-def]
+        raise testing.ConformanceError("wire: broken on purpose\nsecond line")
+
+    monkeypatch.setitem(testing.CHECKS, "wire", broken)
+    assert cli.main(["conformance", "app_usage_31d", "--only", "wire,cohort_split", "--json", "--devices", "60",
+                     "--set", "protocol.epsilon=2"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["protocol"], doc["devices"]) == ("1bitrrpm", 60)
+    assert [(r["check"], r["passed"]) for r in doc["checks"]] == [("cohort_split", True), ("wire", False)]
+    assert doc["checks"][1]["error"] == "wire: broken on purpose\nsecond line"
+    assert cli.main(["conformance", "1bitrrpm", "--only", "wire", "--quiet"]) == 1
+    assert "wire  FAILED" in capsys.readouterr().out
+    for argv, needle in ((["conformance", "1bitrrpm", "--only", "bogus"], "no conformance check 'bogus'"),
+                         (["conformance", "nope"], "'nope' is neither a protocol"),
+                         (["conformance", "1bitrrpm", "--devices", "5"], "at least 20 devices")):
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and needle in err[0], err
