@@ -91,6 +91,17 @@ class Game:
     input0: tuple[tuple[int, float], ...]
     input1: tuple[tuple[int, float], ...]
 
+    def described(self, bits: bool = False) -> dict[str, str]:
+        """The two inputs in words, for privacy_audit.json and .csv: e.g. ``"0 from collection 1, max_value
+        from collection 16"`` (daily-bit protocols: ``"bit 0 ..."``; other levels as a fraction of max_value)."""
+        def value(frac: float) -> str:
+            if bits:
+                return f"bit {frac:g}" if frac in (0.0, 1.0) else f"bit 1 with probability {frac:g}"
+            return {0.0: "0", 1.0: "max_value"}.get(frac, f"{frac:g} x max_value")
+
+        return {f"input{k}": ", ".join(f"{value(frac)} from collection {c}" for c, frac in steps)
+                for k, steps in ((0, self.input0), (1, self.input1))}
+
     def values(self, which: int, max_value: float) -> np.ndarray:
         """The input's value at each collection round 1..T."""
         out = np.empty(self.collections)
@@ -480,7 +491,7 @@ def audit_game(table: dict[str, Any], game: Game, trials: int, seed: int = 1,
                outcome.tpr, outcome.fpr, outcome.tpr_interval, outcome.fpr_interval, trials, trials - calib,
                statistic, sc.behavior, seconds, n / seconds,
                extra={"threshold": decision.threshold, "direction": decision.direction,
-                      "ledger_max": ledger_max})
+                      "ledger_max": ledger_max, **game.described(bool(getattr(params, "collects_bits", False)))})
 
 
 def is_central(name: str) -> bool:
@@ -495,7 +506,7 @@ def central_row(name: str, game: Game) -> Row:
     return Row(name, game.name, game.collections, None, "", None, None, None, None, None, None, None, None, 0, 0,
                "not audited", "honest", 0.0, None,
                note="central model: a device hands its raw value to a trusted curator; the guarantee is on the "
-                    "released estimates, not on a device's transcript")
+                    "released estimates, not on a device's transcript", extra=game.described())
 
 
 def require_target(target: str, also: str = "") -> None:

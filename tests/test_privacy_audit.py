@@ -4,6 +4,7 @@ more than it charges."""
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import itertools
 import json
@@ -241,6 +242,16 @@ def test_command_line_json_and_files(tmp_path, capsys) -> None:
         assert {"protocol", "rounds", "claimed", "eps_hat", "eps_lb", "trials"} <= set(r)
         assert r["protocol"] == "kflip" and r["trials"] == 500
     assert {p.name for p in tmp_path.iterdir()} == {"privacy_audit.json", "privacy_audit.csv", "kflip.png"}
+    # each game's two inputs, in words (games(4): a change at collection 3 against none; at 2 against at 3)
+    inputs = {r["game"]: (r["input0"], r["input1"]) for r in rows}
+    assert inputs["one report"] == ("0 from collection 1", "max_value from collection 1")
+    assert inputs["change vs none"] == ("0 from collection 1", "0 from collection 1, max_value from collection 3")
+    assert inputs["change round"] == ("0 from collection 1, max_value from collection 2",
+                                      "0 from collection 1, max_value from collection 3")
+    with (tmp_path / "privacy_audit.csv").open() as fh:
+        assert [(r["input0"], r["input1"]) for r in csv.DictReader(fh)] == list(inputs.values())
+    assert pa.games(2)[1].described(bits=True) == {"input0": "bit 0 from collection 1",
+                                                   "input1": "bit 1 from collection 1"}
 
 
 def test_command_line_errors(capsys) -> None:
