@@ -426,14 +426,16 @@ def write_tables(result: RunResult, out: Path, ledger_rows: bool = True, transcr
             # the per-report guarantee of every report a device sends (at least the protocol's; larger where a
             # non-cumulative per-report charge recorded more)
             round_eps = np.maximum(led.round_epsilon, float(sc.protocol.round_epsilon))
+            changed = attacks.first_change_round(result.world, 1, sc.rounds)  # which devices a change reached
             _timed(seconds, tables.SPEND, tables.write_spend, out / tables.SPEND, group_index, names, led.spend,
-                   round_eps)
+                   round_eps, changed)
             files[tables.SPEND] = {"written": True, "rows": int(sc.devices),
                                    "bytes": (out / tables.SPEND).stat().st_size}
             if small:
                 _timed(seconds, "spend.csv", write_csv, out / "spend.csv",
-                       ["device", "group", "spend", "round_epsilon"],
-                       [ids, np.array(names)[group_index], led.spend, round_eps])
+                       ["device", "group", "spend", "round_epsilon", "first_change_round"],
+                       [ids, np.array(names)[group_index], led.spend, round_eps,
+                        np.where(changed > 0, changed.astype(str), "")])
                 files["spend.csv"] = {"written": True, "rows": int(sc.devices)}
             else:
                 files["spend.csv"] = _skipped(out, "spend.csv", csv_why)

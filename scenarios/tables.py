@@ -11,7 +11,7 @@ metadata key ``ldpsim.transcript`` holds JSON: format, protocol, devices, and ea
 
 ledger.parquet: device, round (int64), time, amount (float64), reason (dictionary-encoded string): one row
 per device and cumulative charge, in the order charged. spend.parquet: device, group (dictionary string),
-spend, round_epsilon. Every file is written to a temporary name in its directory and moved into place
+spend, round_epsilon, first_change_round (int32, null for a device no change reached). Every file is written to a temporary name in its directory and moved into place
 (os.replace): a reader sees the whole file or none.
 """
 
@@ -61,6 +61,15 @@ def _numeric(values: np.ndarray) -> pa.Array:
     if a.ndim != 1 or a.dtype.kind not in "iuf" or not a.dtype.isnative:
         return pa.array(a)
     return pa.Array.from_buffers(pa.from_numpy_dtype(a.dtype), a.size, [None, pa.py_buffer(a)])
+
+
+def _numeric_or_null(values: np.ndarray, valid: np.ndarray) -> pa.Array:
+    """As :func:`_numeric`, with nulls where ``valid`` is False (a validity bitmap, least significant bit
+    first, as Arrow lays it out; no pandas either)."""
+    a = np.ascontiguousarray(values)
+    bitmap = np.packbits(np.asarray(valid, dtype=bool), bitorder="little")
+    return pa.Array.from_buffers(pa.from_numpy_dtype(a.dtype), a.size, [pa.py_buffer(bitmap), pa.py_buffer(a)],
+                                 null_count=int(a.size - np.count_nonzero(valid)))
 
 
 def _strings(values: Sequence[str]) -> pa.Array:
@@ -350,17 +359,23 @@ def write_ledger(path: Path | str, chunks: Iterable[ChargeRows]) -> int:
 
 
 def write_spend(path: Path | str, group_index: np.ndarray, group_names: Sequence[str], spend: np.ndarray,
-                round_epsilon: np.ndarray) -> None:
-    """spend.parquet: device, group, spend (cumulative epsilon), round_epsilon."""
+                round_epsilon: np.ndarray, changed_round: np.ndarray | None = None) -> None:
+    """spend.parquet: device, group, spend (cumulative epsilon), round_epsilon, and first_change_round (the
+    first round at which a scripted change or a behavior changed the device: ``changed_round``, 0 for none,
+    written as null; the column is left out when ``changed_round`` is None)."""
     n = spend.size
     group = pa.DictionaryArray.from_arrays(_numeric(np.asarray(group_index, np.int32)), _strings(group_names))
-    table = pa.Table.from_arrays([_numeric(np.arange(n, dtype=np.int64)), group,
-                                  _numeric(np.asarray(spend, np.float64)),
-                                  _numeric(np.asarray(round_epsilon, np.float64))],
-                                 names=["device", "group", "spend", "round_epsilon"])
+    columns = [_numeric(np.arange(n, dtype=np.int64)), group, _numeric(np.asarray(spend, np.float64)),
+               _numeric(np.asarray(round_epsilon, np.float64))]
+    names = ["device", "group", "spend", "round_epsilon"]
+    if changed_round is not None:
+        changed = np.asarray(changed_round, np.int32)
+        columns.append(_numeric_or_null(changed, changed != 0))
+        names.append("first_change_round")
+    table = pa.Table.from_arrays(columns, names=names)
     with atomic_path(path) as tmp:
         pq.write_table(table, tmp, compression=COMPRESSION, row_group_size=ROW_GROUP,
-                       use_dictionary=["group", "spend", "round_epsilon"],
+                       use_dictionary=["group", "spend", "round_epsilon", *names[4:]],
                        column_encoding={"device": "DELTA_BINARY_PACKED"})
 
 

@@ -484,6 +484,15 @@ def test_a_behavior_s_change_shows_in_the_event_log_picture_and_attack_metrics(t
     assert 400 < hit < 800 and lines == [[6]]
     changes = json.loads((tmp_path / "summary.json").read_text())["attacks"]["change_detection"]
     assert changes["changed"] == hit
+    # which devices it reached is in the run directory: spend.parquet's first_change_round (null: never changed)
+    import pyarrow.parquet as pq
+
+    column = pq.read_table(tmp_path / "spend.parquet")["first_change_round"].to_numpy(zero_copy_only=False)
+    np.testing.assert_array_equal(np.nan_to_num(column, nan=0), result.world.behavior_changed)
+    assert np.isnan(column).sum() == 2000 - hit
+    rows = (tmp_path / "spend.csv").read_text().splitlines()
+    assert rows[0].endswith(",first_change_round")
+    assert [r.rsplit(",", 1)[1] for r in rows[1:]] == [str(c) if c else "" for c in result.world.behavior_changed]
 
 
 def test_a_step_after_the_last_round_is_warned_about_like_a_scripted_change() -> None:
