@@ -86,8 +86,11 @@ def estimates_plot(path: Path, rounds: np.ndarray, truth: np.ndarray, estimate: 
         for ax in (top, bottom):
             ax.axvline(r, color="grey", ls=":", lw=1, label=CHANGE_LABEL if ax is top and i == 0 else None)
     top.set_ylabel(ylabel)
-    top.set_title(title)
-    top.legend(loc="upper right", fontsize=8)  # "best" searches every point: slow at 65,536 buckets
+    fig.suptitle(title)
+    # above the axes, in one row: inside them it covered the late rounds' points
+    labels = top.get_legend_handles_labels()[1]  # one row when they fit the width, else two, else one a row
+    ncol = 4 if sum(map(len, labels)) <= 120 else 2 if max(map(len, labels)) <= 60 else 1
+    top.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=ncol, fontsize=8, frameon=False)
     bottom.axhline(0, color="black", lw=0.8)
     bottom.fill_between(rounds, -1.96 * sd, 1.96 * sd, color="tab:blue", alpha=0.15)
     bottom.plot(rounds, estimate - truth, "o-", color="tab:red", ms=3, lw=1)

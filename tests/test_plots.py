@@ -160,3 +160,23 @@ def test_a_plugin_s_own_estimate_label_takes_no_unit_in_the_error_line() -> None
     labelled = SimpleNamespace(kind="mean", estimate_label="share of devices over a limit")
     assert metrics.error_of(plain_mean, "seconds") == "of each round's mean counter, in seconds"
     assert metrics.error_of(labelled, "seconds") == "of each round's share of devices over a limit"
+
+
+@pytest.mark.parametrize("band", ["truth ± 1.96 sd (theory)", "truth ± 1.96 sd (theory, upper bound) " + "x" * 20,
+                                  "truth ± 1.96 sd (theory, upper bound) " + "x" * 60])
+def test_the_estimates_legend_stays_off_the_points(monkeypatch: pytest.MonkeyPatch, band: str) -> None:
+    """The estimates picture's legend sits above its axes, inside the figure (in its upper right corner it
+    covered the late rounds' points), on more rows when its labels are long."""
+    kept: list[Any] = []
+    monkeypatch.setattr(plots, "save", lambda fig, path, dpi=110: kept.append(fig))
+    rounds = np.arange(1, 32)
+    truth = np.full(31, 100.0)
+    plots.estimates_plot(Path("unused.png"), rounds, truth, truth + 90.0, np.full(31, 10.0), "t", [8],
+                         band_label=band)
+    (fig,) = kept
+    fig.canvas.draw()
+    top = fig.axes[0]
+    legend = top.get_legend().get_window_extent()
+    axes, figure = top.get_window_extent(), fig.bbox
+    assert legend.y0 >= axes.y1 - 1  # above the axes: no point under it
+    assert figure.x0 <= legend.x0 and legend.x1 <= figure.x1 + 1 and legend.y1 <= figure.y1 + 1
