@@ -159,12 +159,9 @@ def plot(path: Path, data: dict[str, dict], key: str, ylabel: str, log: bool, na
     plt.close(fig)
 
 
-def spread(x: np.ndarray) -> str:
-    """`` ± sd`` over the repetitions; nothing for one (no spread to state)."""
-    return f" ± {x.std(ddof=1):.1f}" if x.size > 1 else ""
-
-
 def summary_table(data: dict[str, dict]) -> list[str]:
+    from study_args import spread  # scenarios/studies/study_args.py (run as a script)
+
     lines = ["| data set | domain | weighting | ε | θ SW-W | θ EMS | θ oracle | MSE/zero SW-W | MSE/zero EMS | "
              "MSE/zero oracle |", "|---|---|---|---|---|---|---|---|---|---|"]
     for ds, cells in data.items():

@@ -23,13 +23,8 @@ METHODS = {"sw-w": ("SW-W (EM + pruning)", "tab:red"), "ems": ("SW with EMS", "t
            "oracle": ("oracle threshold", "black")}
 
 
-def spread(x: np.ndarray) -> str:
-    """`` ± sd`` over the repetitions; nothing for one (no spread to state)."""
-    return f" ± {x.std(ddof=1):.1f}" if x.size > 1 else ""
-
-
 def main() -> None:
-    from study_args import study_dir  # scenarios/studies/study_args.py (run as a script)
+    from study_args import spread, study_dir  # scenarios/studies/study_args.py (run as a script)
 
     path = study_dir(__doc__, "runs.jsonl")
     rows = [json.loads(line) for line in open(path / "runs.jsonl", encoding="utf-8")]

@@ -1,11 +1,14 @@
-"""The one command-line argument of the study scripts here: the study's directory (--help prints the script's
-docstring). A plot script needs the sweep's output in it and says so in one line when it is missing."""
+"""What the study scripts here share: their one command-line argument, the study's directory (--help prints the
+script's docstring; a plot script needs the sweep's output in it and says so in one line when it is missing),
+and the spread their tables state."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
+
+import numpy as np
 
 
 def study_dir(doc: str | None, needs: str | None = None) -> Path:
@@ -18,6 +21,11 @@ def study_dir(doc: str | None, needs: str | None = None) -> Path:
     if needs and not (path / needs).is_file():
         ap.exit(2, f"{ap.prog}: error: {path / needs} not found: run the study's sweep into {path} first\n")
     return path
+
+
+def spread(x: np.ndarray) -> str:
+    """`` ± sd`` over the repetitions; nothing for one (no spread to state)."""
+    return f" ± {x.std(ddof=1):.1f}" if x.size > 1 else ""
 
 
 if __name__ == "__main__":
