@@ -82,3 +82,34 @@ def test_the_topl_plots_title_the_sweep_that_ran_and_state_no_spread_of_one_run(
     p = _plot("plot_topl_pos.py", pos)
     assert p.returncode == 0 and "Warning" not in p.stderr, p.stderr[-2000:]
     assert "± " not in (pos / "summary_table.md").read_text(encoding="utf-8")  # one run: no spread stated
+
+
+def test_the_ding_panels_leave_out_a_lower_bar_a_log_axis_cannot_draw() -> None:
+    """On the log axes of the Ding figures, a point whose mean - sd is 0 or below gets no lower bar (it was drawn
+    down to the panel's bottom, as if the error could reach 0); the others keep mean - sd; the panel counts
+    the points it left a bar out of, for the figure's title."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    sys.path.insert(0, str(STUDIES))
+    try:
+        import plot_ding
+    finally:
+        sys.path.remove(str(STUDIES))
+
+    class Study:  # the little of plot_ding.Study a panel reads
+        ns, epss, variants = [100, 1000], [1.0], ["v"]
+        tables = {"v": {"name": "1bitmean"}}
+
+        def stats(self, v, group, n, eps):  # type: ignore[no-untyped-def]
+            return (50.0, 20.0) if n == 100 else (10.0, 30.0)  # mean, sd: the second reaches below 0
+
+    fig, ax = plt.subplots()
+    assert plot_ding.panel(ax, Study(), "g", "n", 1.0, {"v": ("tab:blue", "o")}, closed=False) == 1
+    (bars,) = ax.collections  # the error bars: one segment a point, (x, low) to (x, high)
+    lows = sorted((seg[0][0], seg[0][1]) for seg in bars.get_segments())
+    assert lows == [(100.0, 30.0), (1000.0, 10.0)]  # 50 - 20; and the mean itself: no lower bar
+    plt.close(fig)

@@ -199,9 +199,16 @@ def ylabel(study: Study) -> str:
 
 
 # ------------------------------------------------------------------------------------------- figures
+#: said in a figure's title when a panel left out a lower error bar
+NO_LOWER_BAR = "a lower bar reaching 0 or below is left out (log axis)"
+
+
 def panel(ax: Any, study: Study, group: str, axis: str, fixed: float, style: dict[str, tuple[Any, str]],
-          closed: bool = True) -> None:
-    """One panel: every variant against n (at eps = fixed) or against eps (at n = fixed)."""
+          closed: bool = True) -> int:
+    """One panel: every variant against n (at eps = fixed) or against eps (at n = fixed). Returns the points
+    whose lower error bar (mean - sd <= 0) a log axis cannot draw, left out (it was drawn to the panel's
+    bottom, as if the error could reach 0)."""
+    omitted = 0
     xs = study.ns if axis == "n" else study.epss
     fine = np.geomspace(min(xs), max(xs), 25)
     for v in study.variants:
@@ -210,7 +217,9 @@ def panel(ax: Any, study: Study, group: str, axis: str, fixed: float, style: dic
                for x in xs]
         mean = np.array([p[0] for p in pts])
         sd = np.array([p[1] for p in pts])
-        ax.errorbar(xs, mean, yerr=sd, fmt=marker + "-", ms=4, lw=1.2, capsize=2, color=color,
+        low = np.where(mean - sd > 0, sd, 0.0)
+        omitted += int(np.count_nonzero(mean - sd <= 0))
+        ax.errorbar(xs, mean, yerr=np.vstack([low, sd]), fmt=marker + "-", ms=4, lw=1.2, capsize=2, color=color,
                     label=label(study.tables[v]))
         if closed:
             cf = [study.closed_form(v, group, x, fixed) if axis == "n" else study.closed_form(v, group, fixed, x)
@@ -222,15 +231,17 @@ def panel(ax: Any, study: Study, group: str, axis: str, fixed: float, style: dic
     ax.set_xticks(xs, [f"{int(x):,}" if axis == "n" else f"{x:g}" for x in xs])
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.grid(True, which="both", alpha=0.25)
+    return omitted
 
 
 def figure(study: Study, axis: str, fixed: float, out: Path) -> None:
     style = styles(study)
     groups = list(study.groups)
     fig, axes = plt.subplots(1, len(groups), figsize=(5.2 * len(groups), 4.6), sharey=True, squeeze=False)
+    omitted = 0
     for c, group in enumerate(groups):
         ax = axes[0][c]
-        panel(ax, study, group, axis, fixed, style)
+        omitted += panel(ax, study, group, axis, fixed, style)
         ax.set_title(f"{group} counters, " + (f"ε = {fixed:g}" if axis == "n" else f"n = {int(fixed):,}"),
                      fontsize=10)
         ax.set_xlabel("devices n (reports per day)" if axis == "n" else "ε (per report)")
@@ -238,7 +249,7 @@ def figure(study: Study, axis: str, fixed: float, out: Path) -> None:
             ax.set_ylabel(ylabel(study))
     axes[0][-1].legend(fontsize=8, loc="best")
     fig.suptitle(f"{study.sweep['scenario_data']['name']}: mean ± 1 sd over {study.repeat} repetitions of "
-                 f"{study.days} days; dashed: closed form", fontsize=11)
+                 f"{study.days} days; dashed: closed form" + (f"\n{NO_LOWER_BAR}" if omitted else ""), fontsize=11)
     fig.tight_layout()
     fig.savefig(out, dpi=100)
     plt.close(fig)
@@ -249,10 +260,11 @@ def grid_figure(study: Study, out: Path) -> None:
     groups = list(study.groups)
     fig, axes = plt.subplots(len(groups), len(study.epss), figsize=(3.6 * len(study.epss), 3.1 * len(groups)),
                              sharex=True, squeeze=False)
+    omitted = 0
     for r, group in enumerate(groups):
         for c, eps in enumerate(study.epss):
             ax = axes[r][c]
-            panel(ax, study, group, "n", eps, style)
+            omitted += panel(ax, study, group, "n", eps, style)
             ax.set_title(f"{group}, ε = {eps:g}", fontsize=9)
             if r == len(groups) - 1:
                 ax.set_xlabel("devices n")
@@ -262,7 +274,8 @@ def grid_figure(study: Study, out: Path) -> None:
     ncol = min(len(labels), 4)
     fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=8)
     fig.suptitle(f"{study.sweep['scenario_data']['name']}: {ylabel(study)} against n at every ε "
-                 f"(mean ± 1 sd over {study.repeat} repetitions; dashed: closed form)", fontsize=11, wrap=True)
+                 f"(mean ± 1 sd over {study.repeat} repetitions; dashed: closed form"
+                 + (f"; {NO_LOWER_BAR})" if omitted else ")"), fontsize=11, wrap=True)
     rows = -(-len(labels) // ncol)
     fig.tight_layout(rect=(0, (0.25 + 0.22 * rows) / fig.get_figheight(), 1, 0.95))
     fig.savefig(out, dpi=90)
