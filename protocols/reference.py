@@ -144,9 +144,9 @@ def clip(x: float, low: float, high: float) -> float:
 # ------------------------------------------------------------------------------------ the device
 class ReferenceDevice:
     """What every device keeps: its id, the seed, its limits, its spend and the last round it answered, and two
-    counters that summary.json's ``privacy`` adds up over the devices: ``refusals``, reports its budget refused
-    (``refusals``), and ``ignored``, collector messages it refused (``ignored_messages``): of another type or
-    protocol than it answers, outside its horizon, repeated, stale, or not plausible."""
+    counters that summary.json's ``privacy`` adds up over the devices: ``refusals`` (reports its budget
+    refused) and ``ignored`` (``ignored_messages``: collector messages it refused, of another type or protocol
+    than it answers, outside its horizon, repeated, stale or not plausible)."""
 
     stages: tuple[str, ...] = ("report",)
     memoized = False  # the 1BitMean and dBitFlip families: whether reports are memoized (report_charges)
