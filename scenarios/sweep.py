@@ -102,7 +102,7 @@ class Sweep:
     scenario_path: Path
     overrides: list[str]
     base: dict[str, Any]
-    grid: dict[str, list[Any]]  # key -> values, in axis order (the first key is the plots' x axis)
+    grid: dict[str, list[Any]]  # key -> values, in axis order (the plots' x axis: the first with 2+ values)
     repeat: int
     workers: int
     seeds: list[int]
@@ -140,8 +140,11 @@ class Sweep:
 
 
 def _point(base: dict[str, Any], pairs: list[tuple[str, Any]], after: tuple[str, ...]) -> dict[str, Any]:
+    """The base with a point's values, a table before the keys under it whatever the grid's order (a grid
+    ``protocol.epsilon`` before a grid ``protocol`` table was replaced by the table, every run at the table's
+    epsilon, labelled with the grid's), then ``after``."""
     data = base
-    for key, value in pairs:
+    for key, value in sorted(pairs, key=lambda kv: kv[0].strip().count(".")):  # stable: same depth, grid order
         data = _apply(data, key, value)
     return apply_overrides(data, list(after)) if after else data
 
@@ -398,8 +401,16 @@ def _validate(base: dict[str, Any], grid: dict[str, list[Any]],
                     pass
             check([(key, v)], mine)
     if len(grid) > 1:
+        seen: dict[str, str] = {}
         for point in itertools.product(*grid.values()):
-            check(list(zip(grid, point)), after)
+            pairs = list(zip(grid, point))
+            check(pairs, after)
+            shown = ", ".join(f"{k}={toml_text(v)}" for k, v in pairs)
+            same = seen.setdefault(json.dumps(_point(base, pairs, after), sort_keys=True, default=str), shown)
+            if same != shown:  # one key's values undone by another's: the rows would be labelled with values
+                raise ScenarioError(f"grid points {same} and {shown} give the same scenario: one grid key "
+                                    f"replaces what another sets (vary the keys inside a swept table in its "
+                                    f"values instead)")
     return list(warnings), largest
 
 
@@ -935,7 +946,10 @@ def _errors_of(sweep: Sweep) -> set[tuple[str, bool] | None]:
     from protocols import registry
     from scenarios.metrics import ERROR_OF, error_of
 
-    points = sweep.points if any(k in ("protocol", "protocol.name") for k in sweep.keys) else sweep.points[:1]
+    # every point when the grid sets the protocol (as "protocol", "protocol.name", or a study's "protocol "
+    # spelling), else the first stands for all
+    points = (sweep.points if any(k.strip() in ("protocol", "protocol.name") for k in sweep.keys)
+              else sweep.points[:1])
     ofs: set[tuple[str, bool] | None] = set()
     for name in {str(sweep.point_data(p).get("protocol", {}).get("name")) for p in points}:
         try:
@@ -974,7 +988,7 @@ def _unit(sweep: Sweep) -> str | None:
 
 def plot_figures(sweep: Sweep, header: list[str], rows: list[dict[str, Any]], out: Path) -> list[Path]:
     """One PNG per error column with numbers: mean over repetitions +- one standard error against the first
-    varied key, one line per combination of the other varied keys."""
+    key with more than one value, one line per combination of the other varied keys."""
     import matplotlib
     import matplotlib.ticker
 
@@ -985,7 +999,10 @@ def plot_figures(sweep: Sweep, header: list[str], rows: list[dict[str, Any]], ou
     from scenarios import plots
     from scenarios.labels import plain
 
-    xkey, others = sweep.keys[0], sweep.keys[1:]
+    # the first key with more than one value (a study shrunk to one value of its first key drew every line
+    # as one column of points at that value); single-valued keys go in the title
+    xkey = next((k for k in sweep.keys if len(sweep.grid[k]) > 1), sweep.keys[0])
+    others = [k for k in sweep.keys if k != xkey]
     xvals = sweep.grid[xkey]
     xlabels = value_labels(xvals)
     numeric = all(_number(v) for v in xvals)

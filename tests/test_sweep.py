@@ -874,3 +874,27 @@ def test_a_sweep_is_extended_with_more_repetitions_or_grid_values_but_never_cut_
         assert sweep_cli(out, "--workers", "1", grid=smaller, repeat=repeat) == 2
         assert "may be extended, with more repetitions or grid values, but not cut down" in capsys.readouterr().err
         assert (out / "runs.jsonl").read_text() == kept and len(calls) == 12
+
+
+def test_a_key_inside_a_swept_table_applies_on_top_of_it_whatever_the_order(tmp_path, monkeypatch) -> None:
+    """--grid protocol.epsilon before --grid protocol={...}: every run had the table's epsilon while its row
+    said otherwise (a new user's figure of error against epsilon was flat). The key inside the table now
+    applies after it; points that still give one scenario (a table's epsilon replaced by the grid's) are
+    refused; and the plots' x axis is the first key with more than one value."""
+    import matplotlib.axes
+
+    tables = ('protocol={name="1bitmean",epsilon=1,max_value=86400},'
+              '{name="dbitflip",epsilon=1,max_value=86400,buckets=24,bits=2}')
+    s = sweep.plan("quickstart", ["protocol.epsilon=0.25,4", tables], repeat=1)
+    eps = {(p[0], p[1]["name"], schema.parse(s.point_data(p)).protocol.epsilon) for p in s.points}
+    assert eps == {(0.25, "1bitmean", 0.25), (0.25, "dbitflip", 0.25), (4, "1bitmean", 4.0), (4, "dbitflip", 4.0)}
+    same = 'protocol={name="1bitmean",epsilon=1,max_value=86400},{name="1bitmean",epsilon=2,max_value=86400}'
+    with pytest.raises(ScenarioError, match="give the same scenario: one grid key replaces what another sets"):
+        sweep.plan("quickstart", ["protocol.epsilon=0.5,1", same], repeat=1)
+    xlabels: list[str] = []
+    monkeypatch.setattr(matplotlib.axes.Axes, "set_xlabel", lambda ax, text, *a, **k: xlabels.append(text))
+    one = sweep.plan("quickstart", ["population.devices=2000", "protocol.epsilon=0.5,1,2"], repeat=2)
+    rows = [{"population.devices": "2000", "protocol.epsilon": e, "error_mean_abs": 1.0 + r}
+            for e in ("0.5", "1", "2") for r in (0, 1)]
+    sweep.plot_figures(one, ["population.devices", "protocol.epsilon", "error_mean_abs"], rows, tmp_path)
+    assert xlabels == ["protocol.epsilon"]
