@@ -147,6 +147,28 @@ class ShardActor:
 
 
 # ------------------------------------------------------------------------------------------- the run's side
+#: seconds :func:`_reachable` waits for a Ray head's port
+CONNECT_TIMEOUT = 10.0
+
+
+def _reachable(address: str | None) -> None:
+    """ScenarioError unless something accepts TCP connections at a ``HOST:PORT`` Ray address (``ray.init`` retries
+    a head that is not there for ever, printing warnings: a new user's run sat at 0% for nine minutes). Other
+    forms (None, ``auto``, ``ray://...``) are left to Ray, which refuses them at once."""
+    if not address or "://" in address or address == "auto":
+        return
+    import socket
+
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise ScenarioError(f"--ray-address {address}: expected HOST:PORT, auto or ray://HOST:PORT")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT).close()
+    except OSError as exc:
+        raise ScenarioError(f"--ray-address {address}: no Ray head there ({exc.strerror or exc}; start one with "
+                            f"`ray start --head`, or leave the option out for a local Ray)") from None
+
+
 class RayShards:
     """``len(shards)`` Ray actors, each answering for one contiguous run of cohorts (agents.shard.ShardPool).
 
@@ -164,6 +186,7 @@ class RayShards:
         if self._own_ray:
             import logging
 
+            _reachable(address)
             try:
                 ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING,
                          configure_logging=False)

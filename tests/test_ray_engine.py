@@ -174,3 +174,31 @@ def test_the_ray_engine_without_the_extra_is_a_one_line_error(monkeypatch, tmp_p
 def test_a_ray_address_needs_the_ray_engine(capsys):
     assert cli.main(["run", "quickstart", "--ray-address", "auto"]) == 2
     assert "--ray-address: only with --engine ray" in capsys.readouterr().err
+
+
+def test_a_ray_address_where_nothing_listens_is_one_line_at_once(monkeypatch) -> None:
+    """ray.init retries a head that is not there for ever (a new user's run sat at 0% for nine minutes): a
+    HOST:PORT where nothing accepts connections is refused before Ray is asked, one that listens is left to
+    Ray, and a malformed address says which forms there are. Needs no Ray."""
+    import socket
+
+    from scenarios import ray_engine
+    from scenarios.schema import ScenarioError
+
+    listening = socket.socket()
+    listening.bind(("127.0.0.1", 0))
+    listening.listen()
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    free = closed.getsockname()[1]
+    closed.close()
+    try:
+        ray_engine._reachable(f"127.0.0.1:{listening.getsockname()[1]}")
+        for fine in (None, "auto", "ray://127.0.0.1:1"):
+            ray_engine._reachable(fine)
+        with pytest.raises(ScenarioError, match=rf"^--ray-address 127.0.0.1:{free}: no Ray head there"):
+            ray_engine._reachable(f"127.0.0.1:{free}")
+        with pytest.raises(ScenarioError, match="expected HOST:PORT, auto or ray://HOST:PORT"):
+            ray_engine._reachable("nonsense")
+    finally:
+        listening.close()
