@@ -232,6 +232,14 @@ class ProcessShards:
         and its seconds computing the next day's values ahead of the request (``prefetch_seconds``)."""
         return [{k: float(v) for k, v in r.items()} for r in self._all({"op": "stats"})]
 
+    def abort(self) -> None:
+        """Kill the workers at once (a run interrupted or failed: they hold nothing to save). A worker busy with
+        a command, or blocked writing its reply, would not read the exit that :meth:`close` sends: it waited 10 s
+        for each, then was killed anyway."""
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+
     def close(self) -> None:
         for proc in self.procs:
             try:
@@ -333,6 +341,11 @@ def worker(stdin: BinaryIO, stdout: BinaryIO) -> int:
 
 
 if __name__ == "__main__":
+    import signal
+
+    # Ctrl-C reaches the whole process group: the run's process stops its workers (exit, or the end of their
+    # input); a worker of its own printed a KeyboardInterrupt traceback each
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _frames = os.fdopen(os.dup(1), "wb")  # the frames go to the original stdout; anything printed, to stderr
     os.dup2(2, 1)
     from scenarios import allocator

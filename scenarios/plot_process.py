@@ -217,6 +217,11 @@ def serve(stdin: BinaryIO, stdout: BinaryIO, draw: Callable[[str, Path, list[Any
 
 
 if __name__ == "__main__":
+    import signal
+
+    # Ctrl-C reaches the whole process group: the run's process ends this one (the end of its input); of its
+    # own it printed a KeyboardInterrupt traceback before the run's one line
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _frames = os.fdopen(os.dup(1), "wb")  # replies go to the original stdout; anything printed, to stderr
     os.dup2(2, 1)
     _code = serve(sys.stdin.buffer, _frames)

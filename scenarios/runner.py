@@ -134,9 +134,14 @@ def run(scenario: Scenario, events: TextIO | None = None,
         workers = resolve_workers(sc.simulation.workers, sc.devices, sc.rounds, len(slices))
         # the cohorts' work in shard processes (scenarios/parallel.py), started first: they load while this builds
         pool = ProcessShards(sc.as_run, split_cohorts(slices, workers)) if workers > 1 else None
+    finished = False
     try:
-        return _run(sc, t0, slices, workers, pool, events, progress)
+        result = _run(sc, t0, slices, workers, pool, events, progress)
+        finished = True
+        return result
     finally:
+        if isinstance(pool, ProcessShards) and not finished:  # interrupted, or failed: stop the workers now
+            pool.abort()
         if pool is not None:
             pool.close()
 

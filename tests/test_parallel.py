@@ -3,6 +3,8 @@ of worker processes and the cohort size: digests, traffic, device counters and t
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 
 import numpy as np
@@ -449,3 +451,55 @@ def test_a_twin_draws_its_first_levels_in_parts_as_the_world_would(parts, monkey
     # the twin's draw in parts covering the population once (parts = 1: the twin's own _hold, in one call)
     first = drawn[:parts] if parts > 1 else drawn[:1]
     assert sorted(first) == [(sc.devices * k // parts, sc.devices * (k + 1) // parts) for k in range(parts)]
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="process groups and signals as Linux has them")
+def test_ctrl_c_stops_a_run_with_worker_processes_in_one_line(tmp_path) -> None:
+    """Ctrl-C reaches the whole process group: the run says "ldpsim: interrupted" alone (its shard workers and its
+    picture process each printed a KeyboardInterrupt traceback), its workers are killed rather than waited for
+    (10 s each, blocked on a reply nobody read), and no process of the group is left."""
+    import signal
+    import subprocess
+    import time
+
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "scenarios.cli", "run", "app_usage_31d", "--set",
+                             "population.devices=100000", "--set", "rounds=400", "--set", "simulation.workers=2",
+                             "--set", "simulation.cohort_size=20000", "--out", str(out), "--quiet"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:  # until a few rounds have run
+        events = out / "events.jsonl"
+        if events.is_file() and events.read_text().count('"round"') >= 3:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run ended before it could be interrupted"
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == "ldpsim: interrupted", err[-3000:]
+    time.sleep(0.5)
+    with pytest.raises(ProcessLookupError):  # nothing of the group is left running
+        os.killpg(proc.pid, 0)
+
+
+def test_a_run_that_stops_early_kills_its_workers_before_closing(monkeypatch) -> None:
+    """An interrupted or failed run kills its shard workers (ProcessShards.abort) instead of sending them an exit
+    a busy one would not read; a finished run only closes them."""
+    calls: list[str] = []
+    real_abort, real_close = parallel.ProcessShards.abort, parallel.ProcessShards.close
+    monkeypatch.setattr(parallel.ProcessShards, "abort", lambda self: (calls.append("abort"), real_abort(self))[0])
+    monkeypatch.setattr(parallel.ProcessShards, "close", lambda self: (calls.append("close"), real_close(self))[0])
+    sc = schema.load("quickstart", ["population.devices=2000", "rounds=2", "simulation.workers=2",
+                                    "simulation.cohort_size=500"])
+    runner.run(sc)
+    assert calls == ["close"]
+    calls.clear()
+
+    def interrupted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "_run", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        runner.run(sc)
+    assert calls == ["abort", "close"]
