@@ -213,7 +213,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         sweeps.import_distributed()
     sw = sweeps.plan(args.scenario, args.grid, args.repeat, args.workers, args.set)
     parallel = 1 if cluster is not None else max(1, min(sw.workers, len(sw.points) * sw.repeat))
-    resources.check_memory(sw.largest_devices * parallel, parallel + 1)  # runs at once, each the largest
+    resources.check_memory(sw.largest_devices * parallel, parallel + 1, "--workers")  # runs at once, each the largest
     for warning in sw.warnings:
         print(f"ldpsim: warning: {warning}", file=sys.stderr)
     out = Path(args.out)

@@ -30,15 +30,17 @@ def available_memory() -> int | None:
     return None
 
 
-def check_memory(devices: int, processes: int = 1) -> None:
-    """A ScenarioError naming population.devices when ``devices`` (all the run's processes hold between them,
-    each process holding per-device arrays of its whole population: a live shard builds its world and ledger
-    whole) and ``processes - 1`` worker processes need more than the memory available."""
+def check_memory(devices: int, processes: int = 1, workers_field: str = "simulation.workers") -> None:
+    """A ScenarioError when ``devices`` (all the run's processes hold between them, each process holding
+    per-device arrays of its whole population: a live shard builds its world and ledger whole) and
+    ``processes - 1`` worker processes need more than the memory available. It names population.devices, or
+    ``workers_field`` when the workers alone take more than the devices."""
     available = available_memory()
     need = devices * BYTES_PER_DEVICE + (processes - 1) * BYTES_PER_PROCESS
     if available is not None and need > available:
         extra = processes - 1
         workers = f" and {extra:,} worker process{'es' if extra > 1 else ''}" if extra else ""
-        raise ScenarioError(f"population.devices: {devices:,} devices{workers} need at least {need / 1e9:.3g} GB of "
+        field = workers_field if extra * BYTES_PER_PROCESS > devices * BYTES_PER_DEVICE else "population.devices"
+        raise ScenarioError(f"{field}: {devices:,} devices{workers} need at least {need / 1e9:.3g} GB of "
                             f"memory ({BYTES_PER_DEVICE} bytes a device, {BYTES_PER_PROCESS / 1e9:g} GB a process), "
                             f"and {available / 1e9:.3g} GB is available")

@@ -604,14 +604,17 @@ def test_a_population_that_cannot_fit_in_memory_is_refused_up_front(tmp_path, ca
 
 @pytest.mark.parametrize("command, says", [
     (["run", "quickstart", "--set", "population.devices=1024", "--set", "simulation.cohort_size=1", "--set",
-      "simulation.workers=1024"], "1,024 devices and 1,024 worker processes need at least 154 GB"),
+      "simulation.workers=1024"], "simulation.workers: 1,024 devices and 1,024 worker processes need at least 154 GB"),
     (["sweep", "quickstart", "--workers", "1", "--repeat", "1", "--grid", "population.devices=1000,200000000"],
-     "200,000,000 devices and 1 worker process need at least 26.1 GB"),
+     "population.devices: 200,000,000 devices and 1 worker process need at least 26.1 GB"),
+    (["sweep", "quickstart", "--workers", "200", "--repeat", "100", "--grid", "population.devices=100,200"],
+     "--workers: 40,000 devices and 200 worker processes need at least 30"),
 ])
 def test_worker_processes_and_a_sweep_s_largest_run_count_against_memory(tmp_path, capsys, monkeypatch, command,
                                                                          says) -> None:
     """A worker process costs about 150 MB (numpy, numba and the kernels), and a thousand of them were allowed;
-    a sweep's run of 200M devices ran the machine out of memory where ldpsim run refused it."""
+    a sweep's run of 200M devices ran the machine out of memory where ldpsim run refused it. The line names
+    what to change: the workers when they take the most (it blamed population.devices for 1,000 workers)."""
     from scenarios import resources
 
     monkeypatch.setattr(resources, "available_memory", lambda: 24 * 10**9)
