@@ -188,7 +188,7 @@ class RayShards:
 
             _reachable(address)
             try:
-                ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING,
+                ray.init(address=address or "local", include_dashboard=False, logging_level=logging.WARNING,
                          configure_logging=False)
             except Exception as exc:  # no cluster there, a bad address
                 where = f"--ray-address {address}" if address else "--engine ray"

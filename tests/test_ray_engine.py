@@ -22,7 +22,7 @@ ROUNDS_6 = ["population.devices=2000", "simulation.cohort_size=300", "rounds=6"]
 @pytest.fixture(scope="module")
 def ray():
     ray = pytest.importorskip("ray", reason="the ray extra is not installed: pip install -e '.[ray]'")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield ray
     ray.shutdown()
 
