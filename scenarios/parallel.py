@@ -34,7 +34,7 @@ from agents.behavior import BehaviorError
 from protocols.base import DefinitionError
 from protocols.guard import BudgetOverrun
 from protocols.ledger import Charge
-from scenarios.pipes import read_frame, write_frame
+from scenarios.pipes import child_command, read_frame, write_frame
 
 __all__ = ["ProcessShards", "WorkerError", "resolve_threads", "resolve_workers", "split_cohorts", "AUTO_DEVICE_ROUNDS",
            "AUTO_MIN_CORES", "AUTO_THREAD_COHORT", "AUTO_THREAD_DEVICE_ROUNDS"]
@@ -161,7 +161,7 @@ class ProcessShards:
         self.procs: list[subprocess.Popen] = []
         try:
             for cohorts in shards:
-                proc = subprocess.Popen([sys.executable, "-m", "scenarios.parallel"], stdin=subprocess.PIPE,
+                proc = subprocess.Popen(child_command("scenarios.parallel"), stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, env=env)
                 self.procs.append(proc)
                 write_frame(proc.stdin, {"op": "init", "scenario": scenario_data,  # type: ignore[arg-type]
@@ -340,12 +340,7 @@ def worker(stdin: BinaryIO, stdout: BinaryIO) -> int:
             write_frame(stdout, reply)
 
 
-if __name__ == "__main__":
-    import signal
-
-    # Ctrl-C reaches the whole process group: the run's process stops its workers (exit, or the end of their
-    # input); a worker of its own printed a KeyboardInterrupt traceback each
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+if __name__ == "__main__":  # started by ProcessShards (pipes.child_command: SIGINT ignored)
     _frames = os.fdopen(os.dup(1), "wb")  # the frames go to the original stdout; anything printed, to stderr
     os.dup2(2, 1)
     from scenarios import allocator

@@ -25,7 +25,7 @@ from typing import Any, BinaryIO, Callable
 
 import numpy as np
 
-from scenarios.pipes import read_frame, write_frame
+from scenarios.pipes import child_command, read_frame, write_frame
 
 __all__ = ["PlotError", "PlotProcess", "start"]
 
@@ -81,7 +81,7 @@ class PlotProcess:
                "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         self.proc: subprocess.Popen | None = None
         try:
-            self.proc = subprocess.Popen([sys.executable, "-m", "scenarios.plot_process"], stdin=subprocess.PIPE,
+            self.proc = subprocess.Popen(child_command("scenarios.plot_process"), stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, env=env)
         except OSError:
             self.proc = None  # every picture is drawn in this process
@@ -216,12 +216,7 @@ def serve(stdin: BinaryIO, stdout: BinaryIO, draw: Callable[[str, Path, list[Any
         write_frame(stdout, reply)
 
 
-if __name__ == "__main__":
-    import signal
-
-    # Ctrl-C reaches the whole process group: the run's process ends this one (the end of its input); of its
-    # own it printed a KeyboardInterrupt traceback before the run's one line
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+if __name__ == "__main__":  # started by PlotProcess (pipes.child_command: SIGINT ignored)
     _frames = os.fdopen(os.dup(1), "wb")  # replies go to the original stdout; anything printed, to stderr
     os.dup2(2, 1)
     _code = serve(sys.stdin.buffer, _frames)

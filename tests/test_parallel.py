@@ -466,7 +466,10 @@ def test_ctrl_c_stops_a_run_with_worker_processes_in_one_line(tmp_path) -> None:
     proc = subprocess.Popen([sys.executable, "-m", "scenarios.cli", "run", "app_usage_31d", "--set",
                              "population.devices=100000", "--set", "rounds=400", "--set", "simulation.workers=2",
                              "--set", "simulation.cohort_size=20000", "--out", str(out), "--quiet"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            # as from a shell: an ignored SIGINT is inherited, and a test before this one in the
+                            # same test process (a sweep worker's set-up run in-process) may have ignored it
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:  # until a few rounds have run
         events = out / "events.jsonl"
@@ -478,9 +481,17 @@ def test_ctrl_c_stops_a_run_with_worker_processes_in_one_line(tmp_path) -> None:
     _, err = proc.communicate(timeout=120)
     assert proc.returncode != 0
     assert "Traceback" not in err and err.strip().splitlines()[-1] == "ldpsim: interrupted", err[-3000:]
-    time.sleep(0.5)
-    with pytest.raises(ProcessLookupError):  # nothing of the group is left running
-        os.killpg(proc.pid, 0)
+    # nothing of the group is left running (its picture process may still be importing matplotlib at low
+    # priority: it ends when it next reads its closed input)
+    gone = False
+    for _ in range(600):
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            gone = True
+            break
+        time.sleep(0.05)
+    assert gone, "a process of the run's group outlived it"
 
 
 def test_a_run_that_stops_early_kills_its_workers_before_closing(monkeypatch) -> None:
