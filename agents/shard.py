@@ -19,6 +19,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Protocol
 
+import numba as nb
 import numpy as np
 import simpy
 
@@ -47,9 +48,34 @@ class Answer:
     entries: list[Entry | None] | None = None
 
 
-def _subset(batch: ReportBatch, idx: np.ndarray) -> ReportBatch:
-    cols = {k: (wire.bits(v[idx]) if isinstance(v, wire.Bits) else v[idx]) for k, v in batch.columns.items()}
-    return ReportBatch(round=batch.round, protocol=batch.protocol, devices=batch.devices[idx], columns=cols)
+@nb.njit(cache=True, nogil=True)
+def _take_kernel(a, idx, out):  # pragma: no cover (compiled)
+    """out[i] = a[idx[i]] (half the time of numpy's fancy indexing, which checks every index)."""
+    for i in range(idx.shape[0]):
+        out[i] = a[idx[i]]
+
+
+#: the dtypes :func:`_take` gathers with its kernel (native byte order; the wire's, and ids)
+_TAKEN = frozenset(np.dtype(t) for t in (np.uint8, np.uint32, np.uint64, np.int32, np.int64, np.float32, np.float64))
+
+
+def _take(a: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """``a[idx]`` for ``idx`` valid indices into ``a`` (the network's on-time or late reports of a batch):
+    compiled for a one-dimensional contiguous column of the wire's numbers, numpy's for anything else."""
+    a = np.asarray(a)  # a wire.Bits column as the plain array it views
+    if a.ndim != 1 or a.dtype not in _TAKEN or not a.flags.c_contiguous or idx.dtype != np.int64:
+        return a[idx]
+    out = np.empty(idx.shape[0], dtype=a.dtype)
+    _take_kernel(a, idx, out)
+    return out
+
+
+def _subset(batch: ReportBatch, idx: np.ndarray, devices: np.ndarray | None = None) -> ReportBatch:
+    """The reports of ``batch`` at ``idx`` (``devices``: their ids, when the network's fate wrote them)."""
+    cols = {k: (wire.bits(_take(v, idx)) if isinstance(v, wire.Bits) else _take(v, idx))
+            for k, v in batch.columns.items()}
+    return ReportBatch(round=batch.round, protocol=batch.protocol,
+                       devices=_take(batch.devices, idx) if devices is None else devices, columns=cols)
 
 
 def answer_cohort(device: DeviceSide, ids: np.ndarray, world: World, network: Network,
@@ -68,9 +94,10 @@ def answer_cohort(device: DeviceSide, ids: np.ndarray, world: World, network: Ne
     before = network.traffic.reports_lost
     fate = network.fate(batch.devices, batch.round, msg.deadline - now)
     out.lost = network.traffic.reports_lost - before
-    for idx, delay in ((fate.on_time, fate.on_time_delay), (fate.late, fate.late_delay)):
+    for idx, delay, devices in ((fate.on_time, fate.on_time_delay, fate.on_time_devices),
+                                (fate.late, fate.late_delay, None)):
         if idx.size:
-            sub = batch if idx.size == len(batch) else _subset(batch, idx)
+            sub = batch if idx.size == len(batch) else _subset(batch, idx, devices)
             out.sent.append((wire.encode(sub), float(delay), int(idx.size)))
     return out
 

@@ -45,11 +45,12 @@ def _on_time_band(latency, jitter, time_left):
 
 
 @nb.njit(cache=True, nogil=True)
-def _fate_kernel(ids, loss_key, latency_key, loss, latency, jitter, time_left, on, late):
+def _fate_kernel(ids, loss_key, latency_key, loss, latency, jitter, time_left, on, late, on_ids):
     """Each report's fate (``ids``: its device, an unsigned or non-negative integer) by its keyed loss draw
     (kept when u >= loss) and keyed exponential delay latency - jitter log(1 - u): the indices of the reports
-    on time written to ``on`` and of those late to ``late``, in batch order; returns their counts and the
-    largest on-time and late delays (0 when none).
+    on time written to ``on`` (and their ids, as they are, to ``on_ids``: the on-time batch's devices without
+    a gather) and of those late to ``late``, in batch order; returns their counts and the largest on-time and
+    late delays (0 when none).
     The delay rises with u, so the deadline splits the draws at one point and the largest delay is that of the
     largest draw: one logarithm per batch, not one per report, except for draws within 1e-9 of the split."""
     u_lo, u_hi = _on_time_band(latency, jitter, time_left)
@@ -62,6 +63,7 @@ def _fate_kernel(ids, loss_key, latency_key, loss, latency, jitter, time_left, o
         u = keyed.uniform1(latency_key, device)
         if u < u_lo or (u < u_hi and _delay(latency, jitter, u) < time_left):
             on[n_on] = i
+            on_ids[n_on] = ids[i]
             n_on += 1
             on_u = max(on_u, u)
         else:
@@ -98,13 +100,16 @@ class Traffic:
 
 @dataclass(frozen=True)
 class Fate:
-    """Per-report outcome: indices into the batch that arrive on time (and when), late, or never."""
+    """Per-report outcome: indices into the batch that arrive on time (and when), late, or never;
+    ``on_time_devices``: the batch's device ids at ``on_time`` (``device_ids[on_time]``), where the fate kernel
+    wrote them as it went (None: not computed)."""
 
     on_time: np.ndarray
     on_time_delay: float
     late: np.ndarray
     late_delay: float
     lost: int
+    on_time_devices: np.ndarray | None = None
 
 
 class Inbox(Protocol):
@@ -126,16 +131,17 @@ class Network:
         p = self.params
         n = device_ids.shape[0]
         if p.jitter > 0:  # one pass over the batch (the kernel above)
-            on, late = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+            ids = keyed.kernel_ids(device_ids)  # wire ids (uint32) as they are: the kernel widens each one
+            on, late, on_ids = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64), np.empty(n, dtype=ids.dtype)
             n_on, n_late, on_delay, late_delay = _fate_kernel(
-                keyed.kernel_ids(device_ids),  # wire ids (uint32) as they are: the kernel widens each one
-                np.uint64(stream_key(self.seed, Purpose.LOSS, round_)),
+                ids, np.uint64(stream_key(self.seed, Purpose.LOSS, round_)),
                 np.uint64(stream_key(self.seed, Purpose.LATENCY, round_)), float(p.loss), float(p.latency),
-                float(p.jitter), float(time_left), on, late)
+                float(p.jitter), float(time_left), on, late, on_ids)
             on_idx, late_idx = on[:n_on], late[:n_late]
             lost = n - n_on - n_late
             self.traffic.reports_lost += lost
-            return Fate(on_idx, float(on_delay), late_idx, float(late_delay), lost)
+            devices = on_ids[:n_on] if ids.dtype == np.asarray(device_ids).dtype else None
+            return Fate(on_idx, float(on_delay), late_idx, float(late_delay), lost, devices)
         keep = np.ones(n, dtype=bool)
         if p.loss > 0:
             keep = keyed.uniform(stream_key(self.seed, Purpose.LOSS, round_), device_ids) >= p.loss

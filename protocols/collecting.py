@@ -126,6 +126,17 @@ class ReportCollector:
         """The round's estimate from the reports that arrived: each column as (reports, width)."""
         raise NotImplementedError(f"{type(self).__name__}.estimate")
 
+    def estimate_stored(self, data: dict[str, np.ndarray], present: np.ndarray, count: int) -> Estimate:
+        """The round's estimate from the open round's storage: each column as (devices, width) with zeros where
+        no report arrived, ``present`` which devices reported (``count`` of them, at least one). By default
+        :meth:`estimate` of the reporting rows; a protocol whose estimate needs no selection (1BitMean's count
+        of ones) overrides it."""
+        if count == self.n_devices:
+            return self.estimate(data)
+        # the present rows (a mask on a 1-d view, np.compress on wider columns: 3-8x np.flatnonzero + take)
+        return self.estimate({k: v[:, 0][present].reshape(count, 1) if v.shape[1] == 1
+                              else np.compress(present, v, axis=0) for k, v in data.items()})
+
     # -------------------------------------------------------------------------------- rounds
     def request(self, round_: int, deadline: float) -> CollectionRequest:
         if round_ <= self.round:
@@ -173,12 +184,7 @@ class ReportCollector:
             raise MisuseError("no open round")
         present = self._present
         count = int(np.count_nonzero(present))
-        if count == self.n_devices:
-            reports = self._data
-        else:  # the present rows (a mask on a 1-d view, np.compress on wider columns: 3-8x np.flatnonzero + take)
-            reports = {k: v[:, 0][present].reshape(count, 1) if v.shape[1] == 1 else np.compress(present, v, axis=0)
-                       for k, v in self._data.items()}
-        est = self.estimate(reports) if count else self.empty_estimate()
+        est = self.estimate_stored(self._data, present, count) if count else self.empty_estimate()
         if self._bits_only:  # every byte is 0 or 1: pack across devices (16x less memory for 1-bit reports),
             # one contiguous byte column at a time (30x faster than packing the (devices, bytes) record on axis 0)
             parts = [present.view(np.uint8)] + [v[:, j] for v in self._data.values() for j in range(v.shape[1])]

@@ -320,7 +320,7 @@ class DBitFlipDevices(OneReportDevices):
         """The accepted round's d bits (and J when d < k) of the devices at ``rows``, charged through the guard."""
         p = self.params
         bits, inputs = self.report_bits(round_, values)
-        rows, new = admit_reports(self.guard, p, rows, self.reveals, inputs)
+        rows, new = admit_reports(self.guard, p, rows, self.reveals, inputs, positions=True)
         charges = report_charges(self.guard, p, round_, now, rows, new)
         ids, bits, J = self.device_ids[rows], bits[rows], self.J[rows]
         columns = {"b": wire_bits(bits)}

@@ -35,6 +35,21 @@ from protocols.snapshot import GuardedSnapshot
 __all__ = ["GuardedDevices", "OneEpochReportDevices", "OneReportDevices", "at_rows"]
 
 
+_EVERYONE = (np.ones(0, dtype=bool), np.arange(0, dtype=np.int64))  # all True, and 0, 1, 2, ...: read-only
+
+
+def _everyone(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """An all-True mask of ``n`` and the rows 0..n-1, read-only views of arrays shared by every cohort (one
+    cohort's worth of memory for a run, not one per cohort); grown, never changed, when a cohort is larger."""
+    global _EVERYONE
+    mask, rows = _EVERYONE
+    if rows.size < n:
+        mask, rows = np.ones(n, dtype=bool), np.arange(n, dtype=np.int64)
+        mask.flags.writeable = rows.flags.writeable = False
+        _EVERYONE = (mask, rows)
+    return mask[:n], rows[:n]
+
+
 def at_rows(a: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """``a[rows]`` for ``rows`` strictly increasing indices into ``a`` (or a mask); ``a`` itself when the
     indices are all of them (every device of a cohort answering: no copy). The result may be ``a``: read it,
@@ -53,6 +68,22 @@ class GuardedDevices(GuardedSnapshot):
     guard: Guard
     #: the collector messages this protocol answers; any other is ignored and counted
     answers: ClassVar[tuple[type, ...]] = (CollectionRequest,)
+
+    def everyone(self) -> tuple[np.ndarray, np.ndarray]:
+        """A read-only all-True mask over the cohort and the rows 0..n-1 it selects, made once (views of arrays
+        that every cohort shares): :meth:`respond` hands the mask to :meth:`answer` when every device is present
+        and eligible, and an answer that finds it there (``here is everyone()[0]``) takes the rows as they are
+        instead of searching the mask."""
+        every = getattr(self, "_everyone", None)
+        if every is None or every[0].shape != self.device_ids.shape:
+            every = self._everyone = _everyone(self.device_ids.size)
+        return every
+
+    def rows_of(self, here: np.ndarray) -> np.ndarray:
+        """The rows (strictly increasing indices) that mask ``here`` selects: the cohort's own 0..n-1 (read-only)
+        for :meth:`everyone`'s mask, else ``np.flatnonzero(here)``."""
+        mask, rows = self.everyone()
+        return rows if here is mask else np.flatnonzero(here)
 
     def wire_ids(self, rows: np.ndarray) -> np.ndarray:
         """The ids of the devices at ``rows`` (strictly increasing indices) as a report batch carries them
@@ -97,13 +128,16 @@ class GuardedDevices(GuardedSnapshot):
             guard.ignore()
             return None, []
         able = self.eligible()
+        if present is None and able is None:  # every device: the cohort's one read-only mask (no pass over it)
+            return self.answer(msg, values, self.everyone()[0], now)
         here = np.ones(self.device_ids.size, dtype=bool) if present is None else np.asarray(present, dtype=bool)
         return self.answer(msg, values, here if able is None else here & able, now)
 
     def answer(self, msg: CollectorMessage, values: np.ndarray, here: np.ndarray,
                now: float) -> tuple[ReportBatch | None, list[Charge]]:
         """The batch of the devices in mask ``here`` for an accepted ``msg``, and its charges (through the
-        guard, which refuses what the budget cannot pay)."""
+        guard, which refuses what the budget cannot pay). ``here`` is read, never written (it may be
+        :meth:`everyone`'s read-only mask)."""
         raise NotImplementedError(f"{type(self).__name__}.answer")
 
 
@@ -112,12 +146,13 @@ class OneReportDevices(GuardedDevices):
 
     def answer(self, msg: CollectorMessage, values: np.ndarray, here: np.ndarray,
                now: float) -> tuple[ReportBatch | None, list[Charge]]:
-        return self.report_batch(msg.round, values, np.flatnonzero(here), now)
+        return self.report_batch(msg.round, values, self.rows_of(here), now)
 
     def report_batch(self, round_: int, values: np.ndarray, rows: np.ndarray,
                      now: float) -> tuple[ReportBatch | None, list[Charge]]:
         """The batch of the devices at ``rows`` (indices) for an accepted ``round_`` and its charges (through
-        the guard, which refuses what the budget cannot pay)."""
+        the guard, which refuses what the budget cannot pay). ``rows`` is read, never written: with every
+        device answering it is the cohort's read-only 0..n-1 (:meth:`GuardedDevices.everyone`)."""
         raise NotImplementedError(f"{type(self).__name__}.report_batch")
 
 

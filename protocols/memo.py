@@ -32,16 +32,43 @@ def alpha_round(x: np.ndarray, alpha: np.ndarray, s: float) -> np.ndarray:
     return (low + (x + alpha >= (low + 1.0) * s)).astype(np.int64)
 
 
+@nb.njit(inline="always")
+def _bitset_add(table, words, row, item):
+    """Mark (row, item) in a dense reveal bitset (``words`` uint64 words a row); whether it was not marked
+    before."""
+    w = row * words + (item >> 6)
+    bit = np.uint64(1) << np.uint64(item & 63)
+    if table[w] & bit:
+        return False
+    table[w] |= bit
+    return True
+
+
+@nb.njit(cache=True, nogil=True)
+def _in_range(items, width):
+    """Whether every item is in [0, width): one pass without an early exit (vector instructions)."""
+    bad = False
+    for i in range(items.shape[0]):
+        bad |= (items[i] < 0) | (items[i] >= width)
+    return not bad
+
+
 @nb.njit(cache=True, nogil=True)
 def _bitset_insert(table, words, rows, items, new):
     for i in range(rows.shape[0]):
-        w = rows[i] * words + (items[i] >> 6)
-        bit = np.uint64(1) << np.uint64(items[i] & 63)
-        if table[w] & bit:
-            new[i] = False
-        else:
-            table[w] |= bit
-            new[i] = True
+        new[i] = _bitset_add(table, words, rows[i], items[i])
+
+
+@nb.njit(cache=True, nogil=True)
+def _bitset_insert_at(table, words, rows, items, at):
+    """:func:`_bitset_insert` writing the positions i of the new pairs to ``at`` in order (a mask and then
+    numpy's selection by it took twice as long when few are new); returns how many."""
+    count = 0
+    for i in range(rows.shape[0]):
+        if _bitset_add(table, words, rows[i], items[i]):
+            at[count] = i
+            count += 1
+    return count
 
 
 @nb.njit(cache=True, nogil=True)
@@ -108,12 +135,16 @@ class RevealSet:
             self._table = np.zeros(1024, dtype=np.uint64)
             self._count = 0
 
-    def insert(self, rows: np.ndarray, items: np.ndarray) -> np.ndarray:
-        """Mark (rows[i], items[i]) revealed; True where it was not revealed before. Rows must be distinct."""
+    def insert(self, rows: np.ndarray, items: np.ndarray, positions: bool = False) -> np.ndarray:
+        """Mark (rows[i], items[i]) revealed; True where it was not revealed before. Rows must be distinct.
+        ``positions``: instead of the mask, the positions i (increasing, int64) where it is True."""
         rows = np.ascontiguousarray(rows, dtype=np.int64)
         items = np.ascontiguousarray(items, dtype=np.int64)
-        if items.size and (items.min() < 0 or items.max() >= self.width):
+        if not _in_range(items, self.width):  # one compiled pass (numpy's min and max took two)
             raise ValueError(f"memo input out of range [0, {self.width})")
+        if self.dense and positions:
+            at = np.empty(rows.shape[0], dtype=np.int64)
+            return at[:_bitset_insert_at(self._table, self._words, rows, items, at)]
         new = np.empty(rows.shape[0], dtype=np.bool_)
         if self.dense:
             _bitset_insert(self._table, self._words, rows, items, new)
@@ -122,7 +153,7 @@ class RevealSet:
             if need > self._table.shape[0]:
                 self._grow(need)
             self._count += _hash_insert(self._table, self.width, rows, items, new)
-        return new
+        return np.flatnonzero(new) if positions else new
 
     def contains(self, rows: np.ndarray, items: np.ndarray) -> np.ndarray:
         """True where (rows[i], items[i]) was revealed before (no state change)."""
@@ -189,27 +220,30 @@ class ChargedParams(Protocol):
 
 
 def admit_reports(guard: Guard, params: ChargedParams, rows: np.ndarray, reveals: RevealSet | None,
-                  inputs: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
+                  inputs: np.ndarray | None, positions: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
     """The rows (cohort indices) whose report this round fits the budget, and for memoized protocols which
-    of them reveal a memoized response for the first time (recorded as revealed). Fresh reports cost
-    ``params.round_epsilon``; a memoized report costs eps when new and nothing when repeated (Theorem 4)."""
+    of them reveal a memoized response for the first time (recorded as revealed): a mask over the rows, or
+    with ``positions`` their positions in the rows (increasing; what :func:`report_charges` takes either
+    way). Fresh reports cost ``params.round_epsilon``; a memoized report costs eps when new and nothing when
+    repeated (Theorem 4)."""
     if reveals is None:
         return rows[guard.affordable(params.round_epsilon, rows)], None
     if inputs is None:
         raise MisuseError("memoized reports need the memoization input of every device")
     if guard.limits.budget is None:
-        return rows, reveals.insert(rows, at_rows(inputs, rows))
+        return rows, reveals.insert(rows, at_rows(inputs, rows), positions)
     new = ~reveals.contains(rows, inputs[rows])
     ok = guard.affordable(np.where(new, params.epsilon, 0.0), rows)
     rows, new = rows[ok], new[ok]
     reveals.insert(rows, inputs[rows])
-    return rows, new
+    return rows, np.flatnonzero(new) if positions else new
 
 
 def report_charges(guard: Guard, params: ChargedParams, round_: int, now: float, rows: np.ndarray,
                    new: np.ndarray | None) -> list[Charge]:
     """The ledger charges of one round's reports (``rows``: cohort indices that report). Memoized: eps for
-    each device revealing a memoized response for the first time (``new``), plus the per-report guarantee
+    each device revealing a memoized response for the first time (``new``: a mask over ``rows``, or the
+    increasing positions in ``rows`` of those devices), plus the per-report guarantee
     under output perturbation (not cumulative). Fresh: the per-report loss ``params.round_epsilon``."""
     if new is None:
         return [guard.charge(round_, now, FRESH_REPORT, params.round_epsilon, rows)]

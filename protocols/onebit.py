@@ -21,7 +21,7 @@ import numpy as np
 from protocols import config
 from protocols import keyed
 from protocols import likelihood as lik
-from protocols.base import MisuseError, ProtocolParams, check_params
+from protocols.base import Estimate, MisuseError, ProtocolParams, check_params
 from protocols.collecting import Column, ReportCollector
 from protocols.device import OneReportDevices, at_rows
 from protocols.guard import Guarantee, Guard, Limits
@@ -53,12 +53,16 @@ def debias(b: np.ndarray, gamma: float) -> np.ndarray:
 def estimate_mean(b: np.ndarray, epsilon: float, m: float, gamma: float = 0.0) -> float:
     """mean_hat = (m/n) sum_i (b_i (e^eps + 1) - 1)/(e^eps - 1), after debiasing (eq. 2). Unbiased."""
     b = np.asarray(b)
-    if b.size == 0:
+    return estimate_mean_of_counts(int(np.count_nonzero(b)), b.size, epsilon, m, gamma)
+
+
+def estimate_mean_of_counts(ones: int, n: int, epsilon: float, m: float, gamma: float = 0.0) -> float:
+    """:func:`estimate_mean` of ``n`` bits of which ``ones`` are 1 (it depends on nothing else)."""
+    if n == 0:
         return float("nan")
     e = math.exp(epsilon)
-    ones = float(np.count_nonzero(b))
-    total = (ones - b.size * gamma) / (1.0 - 2.0 * gamma)  # = sum of debias(b): affine in the count of ones
-    return m / b.size * (total * (e + 1.0) - b.size) / (e - 1.0)
+    total = (float(ones) - n * gamma) / (1.0 - 2.0 * gamma)  # = sum of debias(b): affine in the count of ones
+    return m / n * (total * (e + 1.0) - n) / (e - 1.0)
 
 
 @nb.njit(cache=True, nogil=True)
@@ -334,7 +338,7 @@ class OneBitDevices(OneReportDevices):
         """The accepted round's bits of the devices at ``rows``; memo reveals charged eps, through the guard."""
         p = self.params
         bits, grid = self.report_bits(round_, values)
-        rows, new = admit_reports(self.guard, p, rows, self.reveals, grid)
+        rows, new = admit_reports(self.guard, p, rows, self.reveals, grid, positions=True)
         charges = report_charges(self.guard, p, round_, now, rows, new)
         batch = ReportBatch(round=round_, protocol=p.name, devices=self.wire_ids(rows),
                             columns={"bit": wire_bits(at_rows(bits, rows))})
@@ -355,6 +359,14 @@ class OneBitCollector(ReportCollector):
     def estimate(self, reports: dict[str, np.ndarray]) -> float:
         p = self.params
         return estimate_mean(reports["bit"][:, 0], p.epsilon, p.max_value, p.gamma)
+
+    def estimate_stored(self, data: dict[str, np.ndarray], present: np.ndarray, count: int) -> Estimate:
+        """:meth:`estimate` from the stored column: its ones are the reports' ones (rows without a report hold
+        0), so the reports need not be selected first."""
+        if type(self).estimate is not OneBitCollector.estimate:  # a subclass's own estimate sees the reports
+            return super().estimate_stored(data, present, count)
+        p = self.params
+        return estimate_mean_of_counts(int(np.count_nonzero(data["bit"])), count, p.epsilon, p.max_value, p.gamma)
 
 
 if TYPE_CHECKING:  # mypy: the descriptor, and through it the device and collector sides, match protocols.base

@@ -91,12 +91,13 @@ def _pack_array(a: np.ndarray) -> msgpack.ExtType:
     if a.size > MAX_ELEMENTS:
         raise ValueError(f"array of {a.size} elements exceeds the wire limit {MAX_ELEMENTS}")
     if isinstance(a, Bits):
-        code, data = 0, np.packbits(np.asarray(a).ravel()).tobytes()
+        code, data = 0, np.packbits(np.asarray(a).ravel()).data
     else:
         dt = a.dtype.newbyteorder("<")
         if dt not in _CODE_OF:
             raise ValueError(f"dtype {a.dtype} is not a wire dtype")
-        code, data = _CODE_OF[dt], np.ascontiguousarray(a, dtype=dt).tobytes()
+        code, data = _CODE_OF[dt], np.ascontiguousarray(a, dtype=dt).reshape(-1).view(np.uint8).data
+    # the header and the array's own buffer joined in one copy (not a copy of the array, then of both)
     if a.ndim == 1:
         return msgpack.ExtType(ARRAY_EXT, _HEADER.pack(code, a.shape[0]) + data)
     return msgpack.ExtType(MATRIX_EXT, _MHEADER.pack(code, a.shape[0], a.shape[1]) + data)

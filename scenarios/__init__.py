@@ -16,11 +16,12 @@ Importing the package imports none of its modules; import the one you need
 - ``conformance``: the conformance kit every protocol (built in or a plugin) must pass, for test suites;
 - ``sweep``, ``sweep_worker``, ``compare``: parameter grids (a pool of warmed workers or a Dask cluster), and
   THRESH against naive repetition;
-- ``cli``: the ``ldpsim`` command; ``allocator``: the C allocator's settings of the processes it owns;
+- ``cli``: the ``ldpsim`` command; ``allocator``: the C allocator's settings of the processes it owns; ``jit``:
+  numba's start-up in them (its BLAS probe, which imports SciPy's linear algebra, skipped);
   ``resources``: the memory a run asks for, checked before anything is allocated.
 """
 
 __all__ = [
-    "accounting", "allocator", "attacks", "audit", "cli", "compare", "conformance", "journal", "jsonout", "labels", "live", "metrics", "output", "parallel",
+    "accounting", "allocator", "attacks", "audit", "cli", "compare", "conformance", "jit", "journal", "jsonout", "labels", "live", "metrics", "output", "parallel",
     "pipes", "plot_process", "plots", "privacy_audit", "ray_engine", "resources", "runner", "schema", "sweep", "sweep_worker", "tables",
 ]

@@ -20,7 +20,7 @@ from typing import Any
 from agents.behavior import BehaviorError
 from protocols.base import DefinitionError
 from protocols.guard import BudgetOverrun
-from scenarios import allocator, jsonout, resources
+from scenarios import allocator, jit, jsonout, resources
 from scenarios.schema import ScenarioError, load
 
 
@@ -877,6 +877,7 @@ def main(argv: list[str] | None = None) -> int:
         sub.choices[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     if _is_process_entry(argv):  # the ldpsim program owns its process (not a caller passing argv)
         allocator.tune()
+        jit.skip_blas_probe()
     code = _command(args)
     if args.command in FAST_EXIT and getattr(args, "engine", "local") == "local" and _is_process_entry(argv):
         _exit_now(code)  # (--engine ray: Ray's own shutdown is left to the ordinary exit)

@@ -343,7 +343,8 @@ def worker(stdin: BinaryIO, stdout: BinaryIO) -> int:
 if __name__ == "__main__":  # started by ProcessShards (pipes.child_command: SIGINT ignored)
     _frames = os.fdopen(os.dup(1), "wb")  # the frames go to the original stdout; anything printed, to stderr
     os.dup2(2, 1)
-    from scenarios import allocator
+    from scenarios import allocator, jit
 
     allocator.tune()
+    jit.skip_blas_probe()
     sys.exit(worker(sys.stdin.buffer, _frames))

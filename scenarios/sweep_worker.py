@@ -22,7 +22,7 @@ import time
 import traceback
 from typing import Any
 
-from scenarios import allocator
+from scenarios import allocator, jit
 
 #: the environment of a sweep worker: every thread pool a run could start holds one thread
 THREAD_ENV = {"NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
@@ -146,6 +146,7 @@ def pool_init(parent: int, scenarios: list[dict[str, Any]]) -> None:
     exit_with_parent(parent)
     pin_threads()
     allocator.tune()
+    jit.skip_blas_probe()
     warm(scenarios)
 
 

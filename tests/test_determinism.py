@@ -116,9 +116,13 @@ def test_network_fates_are_the_keyed_loss_and_exponential_delay_of_each_report()
         assert np.array_equal(fate.on_time, np.flatnonzero(on)) and np.array_equal(fate.late, np.flatnonzero(late))
         assert (fate.on_time_delay, fate.late_delay) == (delay[on].max(), delay[late].max())
         assert fate.lost == np.count_nonzero(~keep) > 0 and late.any()
+        assert fate.on_time_devices is not None and fate.on_time_devices.dtype == ids.dtype
+        assert np.array_equal(fate.on_time_devices, ids[fate.on_time])
         for narrow in (ids.astype(np.uint32), ids.astype(np.int64)):
             other = net.fate(narrow, r, 4.0)
             assert np.array_equal(other.on_time, fate.on_time) and np.array_equal(other.late, fate.late)
+            assert other.on_time_devices is not None and other.on_time_devices.dtype == narrow.dtype
+            assert np.array_equal(other.on_time_devices, narrow[fate.on_time])
             assert (other.on_time_delay, other.late_delay, other.lost) == (fate.on_time_delay, fate.late_delay,
                                                                            fate.lost)
 

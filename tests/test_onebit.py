@@ -231,3 +231,50 @@ def test_collector_estimate_matches_estimator_and_hoeffding() -> None:
         assert res.estimate == pytest.approx(estimate_mean(batch.columns["bit"], 1.0, M))
         misses += abs(res.estimate - x.mean()) > radius
     assert misses <= reps * delta + Z * math.sqrt(reps * delta * (1 - delta))
+
+
+@pytest.mark.parametrize("gamma", [0.0, 0.1])
+def test_close_round_estimate_from_the_stored_column_is_that_of_the_reports(gamma: float) -> None:
+    """OneBitCollector estimates from its stored column (rows without a report hold 0) without selecting the
+    reports first: bit for bit estimate_mean of the reports that arrived, whichever devices sent them; a
+    subclass with an estimate of its own is handed the reports, as before."""
+    params = OneBitParams(MEMOIZED, 1.0, M, M / 24, gamma)
+    n = 5000
+    dev = OneBitDevices(params, seed=3, device_ids=np.arange(n))
+    rng = np.random.default_rng(5)
+    for rnd, share in enumerate((1.0, 0.9, 0.01), start=1):
+        here = rng.random(n) < share
+        batch, _ = dev.respond(CollectionRequest(rnd, MEMOIZED, 1.0), rnd, _values(n, rnd), 0.0, here)
+
+        class Selecting(OneBitCollector):
+            def estimate(self, reports: dict[str, np.ndarray]) -> float:
+                return estimate_mean(reports["bit"][:, 0], params.epsilon, params.max_value, params.gamma)
+
+        results = []
+        for cls in (OneBitCollector, Selecting):
+            col = cls(params, n)
+            col.request(rnd, 1.0)
+            col.receive(batch)
+            results.append(col.close_round().estimate)
+        expect = estimate_mean(batch.columns["bit"], params.epsilon, params.max_value, params.gamma)
+        assert results == [expect, expect]
+
+
+def test_every_device_answering_reads_one_shared_read_only_range() -> None:
+    """With every device present the device side takes its rows as the cohort's read-only 0..n-1 (views of
+    arrays every cohort shares) instead of searching an all-True mask; the batch and charges are those of the
+    same devices passed as an explicit mask."""
+    params = OneBitParams(MEMOIZED, 1.0, M, M / 24, 0.1)
+    a, b = (OneBitDevices(params, seed=3, device_ids=np.arange(100, 1100)) for _ in range(2))
+    mask, rows = a.everyone()
+    assert not mask.flags.writeable and not rows.flags.writeable and rows.tolist() == list(range(1000))
+    assert OneBitDevices(params, seed=3, device_ids=np.arange(7)).everyone()[1].base is rows.base
+    for rnd in (1, 2, 3):
+        x = _values(1000, rnd)
+        got, charges = a.respond(CollectionRequest(rnd, MEMOIZED, 1.0), rnd, x, 0.0)
+        want, want_charges = b.respond(CollectionRequest(rnd, MEMOIZED, 1.0), rnd, x, 0.0, np.ones(1000, bool))
+        assert got is not None and want is not None
+        np.testing.assert_array_equal(got.devices, want.devices)
+        np.testing.assert_array_equal(got.columns["bit"], want.columns["bit"])
+        assert [(c.reason, c.amount, c.devices.tolist()) for c in charges] == \
+            [(c.reason, c.amount, c.devices.tolist()) for c in want_charges]
