@@ -832,6 +832,22 @@ def _command(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("ldpsim: interrupted", file=sys.stderr)
         return 130
+    except SystemError as exc:  # Ctrl-C inside numba's loading of a cached kernel comes out as a SystemError
+        if not _caused_by_interrupt(exc):
+            raise
+        print("ldpsim: interrupted", file=sys.stderr)
+        return 130
+
+
+def _caused_by_interrupt(exc: BaseException | None) -> bool:
+    """Whether a KeyboardInterrupt is among ``exc``'s causes (a C extension that was interrupted re-raises it
+    wrapped: numba's kernel loading gave "SystemError: ... returned a result with an exception set")."""
+    seen = 0
+    while exc is not None and seen < 20:
+        if isinstance(exc, KeyboardInterrupt):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
 
 
 #: commands whose process ends without tearing the interpreter down (see _exit_now)

@@ -798,3 +798,27 @@ def test_compare_of_a_protocol_without_a_baseline_names_those_that_have_one(caps
         "ldpsim: error: protocol.name: '1bitrrpm' has no naive baseline to compare with: compare runs thresh and "
         "heavythresh against theirs at equal total privacy (a plugin names its own with baseline_table() on its "
         "parameter class)")
+
+
+def test_an_interrupt_wrapped_by_a_c_extension_is_one_line(monkeypatch, capsys) -> None:
+    """Ctrl-C while numba loads a cached kernel comes out as "SystemError: ... returned a result with an exception
+    set" caused by the KeyboardInterrupt (a fresh clone's .ci/run showed the traceback): it is "ldpsim:
+    interrupted", exit 130, like any interrupt; a SystemError of another cause is not hidden."""
+    from scenarios import cli
+
+    def wrapped(args):  # type: ignore[no-untyped-def]
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as exc:
+            raise SystemError("<function _numba_unpickle> returned a result with an exception set") from exc
+
+    monkeypatch.setattr(cli, "cmd_protocols", wrapped)
+    assert main(["protocols"]) == 130
+    assert capsys.readouterr().err.strip() == "ldpsim: interrupted"
+
+    def other(args):  # type: ignore[no-untyped-def]
+        raise SystemError("something else")
+
+    monkeypatch.setattr(cli, "cmd_protocols", other)
+    with pytest.raises(SystemError, match="something else"):
+        main(["protocols"])
