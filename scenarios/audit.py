@@ -945,10 +945,10 @@ def check_counters(files: RunFiles, rep: Replay, everyone: bool, findings: Findi
     (its ledger here: a ``serve`` collector's devices count in their own processes, and summary.json says
     null). A sample's counts are recorded, not compared: the summary holds the population's totals only."""
     privacy = files.summary["privacy"]
+    checked = everyone and files.ledger_source == "ledger.parquet"
     out: dict = {}
     for key, counted in (("refusals", rep.refusals), ("ignored_messages", rep.ignored)):
         said = privacy.get(key)
-        checked = everyone and files.ledger_source == "ledger.parquet"
         out[key] = {"summary": said, "reference": counted, "checked": checked}
         if checked and (isinstance(said, bool) or not isinstance(said, int) or said != counted):
             findings.add("summary_claim", key=f"privacy.{key}", summary=said, recomputed=counted)

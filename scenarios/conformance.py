@@ -25,8 +25,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import tempfile
+import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -272,19 +273,34 @@ def _chosen(only: Sequence[str] | None) -> list[str]:
     return [name for name in CHECKS if only is None or name in only]
 
 
+def _each(sc: Any, names: Sequence[str],
+          starting: Callable[[str], None] | None = None) -> Iterator[tuple[str, Any, ConformanceError | None, float]]:
+    """Each named check run on ``sc``, in order: (name, its figures or None, its failure or None, seconds);
+    ``starting`` is told each name first."""
+    for name in names:
+        if starting is not None:
+            starting(name)
+        t0 = time.perf_counter()
+        try:
+            figures, failure = CHECKS[name](sc), None
+        except ConformanceError as exc:
+            figures, failure = None, exc
+        yield name, figures, failure, time.perf_counter() - t0
+
+
 def run_conformance(sc: Any, only: Sequence[str] | None = None, keep_going: bool = False) -> dict[str, Any]:
     """Every check (or those named in ``only``) on ``sc``; returns each check's figures. A failure raises
     ConformanceError at once, or with ``keep_going`` after every check has run, naming each that failed."""
     out: dict[str, Any] = {}
     failed: list[str] = []
     names = _chosen(only)
-    for name in names:
-        try:
-            out[name] = CHECKS[name](sc)
-        except ConformanceError as exc:
-            if not keep_going:
-                raise
-            failed.append(str(exc))
+    for name, figures, failure, _ in _each(sc, names):
+        if failure is None:
+            out[name] = figures
+        elif not keep_going:
+            raise failure
+        else:
+            failed.append(str(failure))
     if failed:
         raise ConformanceError(f"{len(failed)} of {len(names)} checks failed:\n" + "\n".join(failed))
     return out
@@ -297,7 +313,6 @@ def main(target: str, only: Sequence[str] | None, devices: int, rounds: int, ove
     others gave; one line a check (or a JSON list); exit status 1 when one failed."""
     import json
     import sys
-    import time
 
     from scenarios import privacy_audit
     from scenarios.schema import ScenarioError
@@ -314,18 +329,10 @@ def main(target: str, only: Sequence[str] | None, devices: int, rounds: int, ove
     sc = scenario_for(table, devices, rounds, seed)
     if overrides:
         sc = _with(sc, *overrides)
-    rows: list[dict[str, Any]] = []
-    for name in names:
-        if not (quiet or as_json):
-            print(f"checking {name} ...", file=sys.stderr, flush=True)
-        t0 = time.perf_counter()
-        try:
-            CHECKS[name](sc)
-            error = None
-        except ConformanceError as exc:
-            error = str(exc)
-        rows.append({"check": name, "passed": error is None, "seconds": round(time.perf_counter() - t0, 2),
-                     "error": error})
+    say = None if (quiet or as_json) else (lambda name: print(f"checking {name} ...", file=sys.stderr, flush=True))
+    rows = [{"check": name, "passed": failure is None, "seconds": round(seconds, 2),
+             "error": None if failure is None else str(failure)}
+            for name, _, failure, seconds in _each(sc, names, say)]
     if as_json:
         print(json.dumps({"protocol": sc.protocol.name, "devices": sc.devices, "rounds": sc.rounds,
                           "checks": rows}, indent=1))

@@ -369,7 +369,8 @@ def _validate(base: dict[str, Any], grid: dict[str, list[Any]],
     warnings: dict[str, None] = {}
     largest = 0
 
-    def check(pairs: list[tuple[str, Any]], on_top: tuple[str, ...]) -> None:
+    def check(pairs: list[tuple[str, Any]], on_top: tuple[str, ...]) -> dict[str, Any]:
+        """The point's scenario data, once it parses."""
         data = _point(base, pairs, ())
         if on_top:  # an error in a --set names the point it was applied to
             try:
@@ -386,6 +387,7 @@ def _validate(base: dict[str, Any], grid: dict[str, list[Any]],
                 from None
         warnings.update(dict.fromkeys(sc.warnings))
         largest = max(largest, sc.devices)
+        return data
 
     for key, values in grid.items():
         # with every --set on top, as at the points themselves (a study tried small sets protocol.holdout
@@ -404,9 +406,9 @@ def _validate(base: dict[str, Any], grid: dict[str, list[Any]],
         seen: dict[str, str] = {}
         for point in itertools.product(*grid.values()):
             pairs = list(zip(grid, point))
-            check(pairs, after)
+            data = check(pairs, after)
             shown = ", ".join(f"{k}={toml_text(v)}" for k, v in pairs)
-            same = seen.setdefault(json.dumps(_point(base, pairs, after), sort_keys=True, default=str), shown)
+            same = seen.setdefault(json.dumps(data, sort_keys=True, default=str), shown)
             if same != shown:  # one key's values undone by another's: the rows would be labelled with values
                 raise ScenarioError(f"grid points {same} and {shown} give the same scenario: one grid key "
                                     f"replaces what another sets (vary the keys inside a swept table in its "

@@ -453,7 +453,7 @@ def test_a_twin_draws_its_first_levels_in_parts_as_the_world_would(parts, monkey
     assert sorted(first) == [(sc.devices * k // parts, sc.devices * (k + 1) // parts) for k in range(parts)]
 
 
-@pytest.mark.skipif(sys.platform != "linux", reason="process groups and signals as Linux has them")
+@pytest.mark.skipif(not hasattr(os, "killpg"), reason="sends Ctrl-C to a process group (os.killpg): POSIX only")
 def test_ctrl_c_stops_a_run_with_worker_processes_in_one_line(tmp_path) -> None:
     """Ctrl-C reaches the whole process group: the run says "ldpsim: interrupted" alone (its shard workers and its
     picture process each printed a KeyboardInterrupt traceback), its workers are killed rather than waited for
