@@ -330,9 +330,9 @@ def main(target: str, only: Sequence[str] | None, devices: int, rounds: int, ove
     if overrides:
         sc = _with(sc, *overrides)
     say = None if (quiet or as_json) else (lambda name: print(f"checking {name} ...", file=sys.stderr, flush=True))
-    rows = [{"check": name, "passed": failure is None, "seconds": round(seconds, 2),
-             "error": None if failure is None else str(failure)}
-            for name, _, failure, seconds in _each(sc, names, say)]
+    rows: list[dict[str, Any]] = [{"check": name, "passed": failure is None, "seconds": round(seconds, 2),
+                                   "error": None if failure is None else str(failure)}
+                                  for name, _, failure, seconds in _each(sc, names, say)]
     if as_json:
         print(json.dumps({"protocol": sc.protocol.name, "devices": sc.devices, "rounds": sc.rounds,
                           "checks": rows}, indent=1))
