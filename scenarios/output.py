@@ -24,7 +24,7 @@ import numpy as np
 from protocols.base import ProtocolParams
 from protocols.ledger import ChargeRows, Ledger, exceeds
 from scenarios import attacks
-from scenarios.metrics import error_summary, range_mse, range_queries, round_metrics
+from scenarios.metrics import error_of, error_summary, range_mse, range_queries, round_metrics
 from scenarios.runner import RunResult, bucket_width, protocol_parameters
 from scenarios import tables
 from scenarios import accounting, jsonout
@@ -255,6 +255,9 @@ def summary(result: RunResult) -> dict:
         "parameters": {**protocol_parameters(sc.protocol), "round_epsilon": sc.protocol.round_epsilon},
         "error": {**error_summary(sc.protocol.kind, truth, est, bucket_width(sc.protocol)),
                   **(_range_errors(sc, truth, est) if sc.protocol.kind == "stream" else {})},
+        # what the error figures are errors of, in words with the counters' unit (a sweep's rows and plots
+        # tell a mean's seconds from a histogram's frequencies by it)
+        "errors_of": error_of(sc.protocol, sc.unit),
         "epsilon": result.ledger.summary() if kept else None,
         "round_epsilon_max": float(sc.protocol.round_epsilon),
         "privacy": privacy_summary(result),

@@ -844,7 +844,7 @@ def tidy(sweep: Sweep, records: dict[tuple[int, int], dict[str, Any]]) -> tuple[
     # its own guarantee is broken: execute() reports such runs and the command exits 1)
     budgets = any(rec["summary"].get("privacy", {}).get("budget") is not None for rec in ordered)
     verdicts = ("guarantee", "within_guarantee", *(("budget", "within_budget") if budgets else ()))
-    header = [*sweep.keys, *fixed.values(), *(f"error_{k}" for k in err_names),
+    header = [*sweep.keys, *fixed.values(), *(("errors_of",) if err_names else ()), *(f"error_{k}" for k in err_names),
               *(f"epsilon_{k}" for k in eps_names), *verdicts,
               *(("privacy_scope", "worst_case_loss") if memo else ()), "wall_seconds"]
     rows = []
@@ -854,6 +854,8 @@ def tidy(sweep: Sweep, records: dict[tuple[int, int], dict[str, Any]]) -> tuple[
         row.update({fixed["repetition"]: rec["repetition"], fixed["seed"]: rec["seed"],
                     fixed["devices"]: s.get("devices"), fixed["protocol"]: s.get("protocol")})
         err, eps = s.get("error", {}), s.get("epsilon", {})
+        if err_names:
+            row["errors_of"] = _errors_of(s)
         row.update({f"error_{k}": err.get(k) if _number(err.get(k)) else None for k in err_names})
         row.update({f"epsilon_{k}": eps.get(k) for k in eps_names})
         privacy = s.get("privacy", {})
@@ -866,6 +868,23 @@ def tidy(sweep: Sweep, records: dict[tuple[int, int], dict[str, Any]]) -> tuple[
         row["wall_seconds"] = s.get("wall_seconds")
         rows.append(row)
     return header, rows
+
+
+def _errors_of(summary: dict[str, Any]) -> str | None:
+    """What a run's error figures are errors of, in words with its unit: summary.json's ``errors_of``, or for a
+    run recorded before summaries said it, its protocol's words looked up here (None where that fails)."""
+    given = summary.get("errors_of")
+    if isinstance(given, str):
+        return given
+    from protocols import registry
+    from scenarios.metrics import error_of
+
+    try:
+        params = registry.lookup(str(summary.get("protocol"))).params
+    except registry.RegistryError:
+        return None
+    unit = summary.get("unit")
+    return error_of(params, unit if isinstance(unit, str) else None)
 
 
 def write_results(path: Path, header: list[str], rows: list[dict[str, Any]]) -> None:
@@ -913,7 +932,7 @@ def write_parquet(path: Path, sweep: Sweep, header: list[str], rows: list[dict[s
             columns.append(_grid_column([p[c] for p in points], [row[c] for row in rows], sweep.grid[c]))
         elif c in ("repetition", "seed", "devices"):
             columns.append(pa.array([row[c] for row in rows], pa.int64()))
-        elif c == "protocol":
+        elif c in ("protocol", "errors_of"):
             columns.append(pa.array([None if row[c] is None else str(row[c]) for row in rows], pa.string()))
         else:
             values = [row[c] for row in rows]
@@ -940,43 +959,16 @@ def log_axis(values: Iterable[Any]) -> bool:
     return bool(vs) and all(_number(v) and v > 0 for v in vs) and max(vs) / min(vs) > 20
 
 
-def _errors_of(sweep: Sweep) -> set[tuple[str, bool] | None]:
-    """What the error figures of each of the sweep's protocols are errors of (scenarios.metrics.error_of, no
-    unit named yet) and whether in the protocol's own words (a plugin's ``error_of`` or ``estimate_label``:
-    the scenario's unit is not named in them); None for a protocol that cannot be looked up here or whose kind
-    of estimate has no words."""
-    from protocols import registry
-    from scenarios.metrics import ERROR_OF, error_of
-
-    # every point when the grid sets the protocol (as "protocol", "protocol.name", or a study's "protocol "
-    # spelling), else the first stands for all
-    points = (sweep.points if any(k.strip() in ("protocol", "protocol.name") for k in sweep.keys)
-              else sweep.points[:1])
-    ofs: set[tuple[str, bool] | None] = set()
-    for name in {str(sweep.point_data(p).get("protocol", {}).get("name")) for p in points}:
-        try:
-            params = registry.lookup(name).params
-        except registry.RegistryError:
-            ofs.add(None)
-            continue
-        phrase, generic = error_of(params), ERROR_OF.get(str(getattr(params, "kind", "")))
-        ofs.add((phrase, True) if phrase != generic else (phrase, False) if generic else None)
-    return ofs
-
-
-def error_axis(col: str, ofs: set[tuple[str, bool] | None], unit: str | None = None) -> str:
-    """A plot's axis label for the results column ``col`` (error_<figure>): the figure in words, and what it is
-    an error of where every run of the sweep says the same (:func:`_errors_of`); ``unit``: what every run's
-    counters count (the sweep's [population] unit), named instead of "the counter's units" except in a
-    protocol's own words."""
+def error_axis(col: str, of: str | None, unit: str | None = None) -> str:
+    """A plot's axis label for the results column ``col`` (error_<figure>): the figure in words (``unit``: what
+    every run's counters count, the sweep's [population] unit, named instead of "the value's units"), and what
+    it is an error of (``of``: the runs' ``errors_of``, None where unknown)."""
     from scenarios.metrics import ERROR_FIGURES, in_unit
 
     figure = col.removeprefix("error_")
     text = in_unit(ERROR_FIGURES.get(figure, col), unit)
-    (of,) = ofs if len(ofs) == 1 else (None,)
-    if figure not in ("rounds_without_estimate", "wasserstein") and of is not None:
-        phrase, own = of
-        text += f"\n({phrase if own else in_unit(phrase, unit)})"
+    if figure not in ("rounds_without_estimate", "wasserstein") and of:
+        text += f"\n({of})"
     return text
 
 
@@ -990,13 +982,13 @@ def _unit(sweep: Sweep) -> str | None:
 
 def plot_figures(sweep: Sweep, header: list[str], rows: list[dict[str, Any]], out: Path) -> list[Path]:
     """One PNG per error column with numbers: mean over repetitions +- one standard error against the first
-    key with more than one value, one line per combination of the other varied keys."""
+    key with more than one value, one line per combination of the other varied keys; one panel per kind of
+    number the runs estimate (their ``errors_of``), each with its own y axis."""
     import matplotlib
     import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
 
     from scenarios import plots
     from scenarios.labels import plain
@@ -1008,34 +1000,50 @@ def plot_figures(sweep: Sweep, header: list[str], rows: list[dict[str, Any]], ou
     xvals = sweep.grid[xkey]
     xlabels = value_labels(xvals)
     numeric = all(_number(v) for v in xvals)
-    xpos = [float(v) for v in xvals] if numeric else list(range(len(xvals)))
+    xpos = [float(v) for v in xvals] if numeric else [float(j) for j in range(len(xvals))]
     xindex = {lab: j for j, lab in enumerate(xlabels)}
     order = {k: {lab: j for j, lab in enumerate(value_labels(sweep.grid[k]))} for k in others}
     fixed = {k: value_labels(sweep.grid[k])[0] for k in others if len(sweep.grid[k]) == 1}  # in the title
     held = "".join(f"; {k}={v}" for k, v in fixed.items())
-    ofs, unit = _errors_of(sweep), _unit(sweep)
+    unit = _unit(sweep)
     written = []
     for col in (c for c in header if c.startswith("error_")):
-        groups: dict[tuple[str, ...], dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
-        for row in rows:
-            if _number(row[col]):
-                groups[tuple(row[k] for k in others)][xindex[row[xkey]]].append(float(row[col]))
-        if not groups:
-            continue
         count = col == "error_rounds_without_estimate"  # a count, not an error
-        if count and not any(v for by_x in groups.values() for ys in by_x.values() for v in ys):
+        known = [row for row in rows if _number(row[col])]
+        if not known or (count and not any(row[col] for row in known)):
             continue  # every run estimated every round: a flat line at 0 says nothing (results.csv has it)
-        lines = len(groups)
-        beside = LEGEND_INSIDE < lines <= LEGEND_BESIDE  # a legend beside the axes, in a wider figure
-        fig, ax = plt.subplots(figsize=(12.5 if beside else 8, 5))
-        for combo in sorted(groups, key=lambda c: [order[k][lab] for k, lab in zip(others, c)]):
-            by_x = groups[combo]
-            js = sorted(by_x, key=lambda j: xpos[j])
-            ys = [by_x[j] for j in js]
-            mean = [float(np.mean(y)) for y in ys]
-            se = [float(np.std(y, ddof=1) / math.sqrt(len(y))) if len(y) > 1 else 0.0 for y in ys]
-            label = ", ".join(f"{k.strip()}={_short(str(v))}" for k, v in zip(others, combo) if k not in fixed) or None
-            ax.errorbar([xpos[j] for j in js], mean, yerr=se, marker="o", ms=4, capsize=3, lw=1.2, label=label)
+        # one panel per kind of number the runs estimate (a mean's seconds beside a histogram's frequencies
+        # would share an axis and a line): rows by their errors_of, in order of first appearance
+        kinds: dict[str | None, list[dict[str, Any]]] = defaultdict(list)
+        for row in known:
+            kinds[None if count else row.get("errors_of")].append(row)
+        panels = []
+        for of, subset in kinds.items():
+            groups: dict[tuple[str, ...], dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+            for row in subset:
+                groups[tuple(row[k] for k in others)][xindex[row[xkey]]].append(float(row[col]))
+            panels.append((of, groups))
+        most = max(len(groups) for _, groups in panels)
+        beside = LEGEND_INSIDE < most <= LEGEND_BESIDE  # a legend beside the axes, in a wider figure
+        fig, axes = plt.subplots(len(panels), 1, figsize=(12.5 if beside else 8, 5 + 3.5 * (len(panels) - 1)),
+                                 sharex=True, squeeze=False)
+        for ax, (of, groups) in zip(axes[:, 0], panels):
+            _draw_panel(ax, groups, others, order, fixed, xpos)
+            ax.set_ylabel(error_axis(col, of, plain(unit) if unit else None))
+            if count:
+                ax.set_ylim(bottom=0)
+            lines = len(groups)
+            if len(others) > len(fixed) and lines <= LEGEND_INSIDE:
+                ax.legend(fontsize=7, loc="best")
+            elif LEGEND_INSIDE < lines <= LEGEND_BESIDE:
+                ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+            elif len(others) > len(fixed):  # too many lines to label: say what they are and where to read them
+                varied = ", ".join(k.strip() for k in others if k not in fixed)
+                ax.text(0.01, 0.99, f"{lines} lines, one per combination of {varied}: too many to label "
+                        "(results.csv has every run)", transform=ax.transAxes, va="top", fontsize=7,
+                        color="dimgray", wrap=True)
+            ax.grid(True, alpha=0.3)
+        ax = axes[-1, 0]
         if numeric and log_axis(xvals):
             ax.set_xscale("log")
             ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
@@ -1046,25 +1054,30 @@ def plot_figures(sweep: Sweep, header: list[str], rows: list[dict[str, Any]], ou
             ax.set_xticks(xpos, xlabels, rotation=20 if max(map(len, xlabels)) > 12 else 0, ha="right"
                           if max(map(len, xlabels)) > 12 else "center", fontsize=8)
         ax.set_xlabel(xkey)
-        ax.set_ylabel(error_axis(col, ofs, plain(unit) if unit else None))
-        if count:
-            ax.set_ylim(bottom=0)
-        ax.set_title(f"{sweep.name}: {col} (mean ± 1 s.e. over {sweep.repeat} repetition"
-                     f"{'s' if sweep.repeat != 1 else ''}{held})", fontsize=10)
-        if len(others) > len(fixed) and lines <= LEGEND_INSIDE:
-            ax.legend(fontsize=7, loc="best")
-        elif beside:
-            ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-        elif len(others) > len(fixed):  # too many lines to label: say what they are and where to read them
-            varied = ", ".join(k.strip() for k in others if k not in fixed)
-            ax.text(0.01, 0.99, f"{lines} lines, one per combination of {varied}: too many to label (results.csv "
-                    "has every run)", transform=ax.transAxes, va="top", fontsize=7, color="dimgray", wrap=True)
-        ax.grid(True, alpha=0.3)
+        kinds_note = f"; one panel per kind of estimate ({len(panels)})" if len(panels) > 1 else ""
+        axes[0, 0].set_title(f"{sweep.name}: {col} (mean ± 1 s.e. over {sweep.repeat} repetition"
+                             f"{'s' if sweep.repeat != 1 else ''}{held}{kinds_note})", fontsize=10)
         fig.tight_layout()
         path = out / f"{col}.png"
         plots.save(fig, path, dpi=100)
         written.append(path)
     return written
+
+
+def _draw_panel(ax: Any, groups: dict[tuple[str, ...], dict[int, list[float]]], others: list[str],
+                order: dict[str, dict[str, int]], fixed: dict[str, str], xpos: list[float]) -> None:
+    """One line per combination of the other varied keys (``groups``: its values by x position): the mean
+    over repetitions +- one standard error."""
+    import numpy as np
+
+    for combo in sorted(groups, key=lambda c: [order[k][lab] for k, lab in zip(others, c)]):
+        by_x = groups[combo]
+        js = sorted(by_x, key=lambda j: xpos[j])
+        ys = [by_x[j] for j in js]
+        mean = [float(np.mean(y)) for y in ys]
+        se = [float(np.std(y, ddof=1) / math.sqrt(len(y))) if len(y) > 1 else 0.0 for y in ys]
+        label = ", ".join(f"{k.strip()}={_short(str(v))}" for k, v in zip(others, combo) if k not in fixed) or None
+        ax.errorbar([xpos[j] for j in js], mean, yerr=se, marker="o", ms=4, capsize=3, lw=1.2, label=label)
 
 
 #: a sweep plot's lines labelled in a legend inside the axes up to this many, beside them up to LEGEND_BESIDE;

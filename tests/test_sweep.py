@@ -25,7 +25,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SMALL = ["--set", "population.devices=300", "--set", "rounds=2", "--set", "simulation.cohort_size=100",
          "--set", "changes=[]"]
 GRID = ["--grid", "protocol.epsilon=0.5,1,2", "--grid", "protocol.name=1bitmean,1bitrrpm"]
-COLUMNS = ["protocol.epsilon", "protocol.name", "repetition", "seed", "devices", "protocol", "error_mean_abs",
+COLUMNS = ["protocol.epsilon", "protocol.name", "repetition", "seed", "devices", "protocol", "errors_of", "error_mean_abs",
            "error_max_abs", "error_rmse", "error_rounds_without_estimate", "epsilon_max", "epsilon_mean",
            "epsilon_p50", "epsilon_p99", "guarantee", "within_guarantee", "privacy_scope", "worst_case_loss",
            "wall_seconds"]
@@ -197,43 +197,78 @@ def test_log_axis_rule_and_its_use(tmp_path, monkeypatch):
         assert scales == expected
 
 
-def test_plot_axes_say_what_each_figure_is_and_in_what_units(tmp_path, monkeypatch):
-    """A sweep's y axis names the figure in words and, when every run estimates the same kind of number, what
-    it is an error of (in the unit the scenario gives its counters, quickstart's seconds; a bucket's frequency); a
-    count stays a count."""
+def _executed(sw, out: Path) -> tuple[list[str], list[dict]]:
+    """``sw`` run into ``out``; results.csv's header and rows as tidy() made them."""
+    sweep.execute(sw, out, quiet=True)
+    return sweep.tidy(sw, sweep.load_records(sw, out))
+
+
+def _ylabels(monkeypatch) -> list[str]:
+    """Every y label set from now on."""
     import matplotlib.axes
 
     labels: list[str] = []
     real = matplotlib.axes.Axes.set_ylabel
     monkeypatch.setattr(matplotlib.axes.Axes, "set_ylabel",
                         lambda ax, text, **kw: (labels.append(text), real(ax, text, **kw))[1])
+    return labels
+
+
+def test_plot_axes_say_what_each_figure_is_and_in_what_units(tmp_path, monkeypatch):
+    """A sweep's y axis names the figure in words and what it is an error of, as each run's summary says it
+    (in the unit the scenario gives its counters, quickstart's seconds; a plugin's own words); a count stays a
+    count; a run recorded before summaries said it gets its protocol's words looked up."""
+    small = ["population.devices=500", "rounds=2"]
+    sw = sweep.plan("quickstart", ["protocol.epsilon=1,2"], repeat=2, workers=1, overrides=small)
+    header, rows = _executed(sw, tmp_path / "a")
+    assert [row["errors_of"] for row in rows] == ["of each round's mean counter, in seconds"] * 4
+    labels = _ylabels(monkeypatch)
+    sweep.plot_figures(sw, header, rows, tmp_path)
+    assert labels[0] == "mean |error| over every estimated number\n(of each round's mean counter, in seconds)"
+    # a run recorded before summaries said what its errors are of: its protocol's words, its unit
+    assert sweep._errors_of({"protocol": "1bitrrpm", "unit": "seconds"}) == rows[0]["errors_of"]
+    assert sweep._errors_of({"protocol": "no-such-protocol"}) is None
+    labels.clear()  # a plugin's own words for its estimate: those, without the scenario's seconds
+    own = sweep.plan("quickstart", ["population.devices=500,600"], repeat=1, workers=1, overrides=[
+        "rounds=2", 'protocol={name="tests.support:ShareOneBit",epsilon=1,max_value=86400}'])
+    header, rows = _executed(own, tmp_path / "b")
+    sweep.plot_figures(own, header, rows, tmp_path)
+    assert labels[0] == "mean |error| over every estimated number\n(of each round's share of the day in use)"
+    labels.clear()  # rows without the column (made by hand): the figure alone; a count is a count
     header = ["protocol.epsilon", "error_mean_abs", "error_rounds_without_estimate"]
     rows = [{"protocol.epsilon": x, "error_mean_abs": 1.0 + r, "error_rounds_without_estimate": r}
             for x in ("1", "2") for r in (0, 1)]
-    sweep.plot_figures(sweep.plan("quickstart", ["protocol.epsilon=1,2"], repeat=2), header, rows, tmp_path)
-    assert labels == ["mean |error| over every estimated number\n(of each round's mean counter, in seconds)",
-                      "rounds without an estimate (a count)"]
-    labels.clear()  # a grid over the unit itself: no one unit to name
-    units = sweep.plan("quickstart", ["population.unit=\"s\",\"h\""], repeat=2)
-    sweep.plot_figures(units, ["population.unit", "error_mean_abs"],
-                       [{"population.unit": u, "error_mean_abs": 1.0 + r} for u in ("s", "h") for r in (0, 1)],
-                       tmp_path)
-    assert labels == ["mean |error| over every estimated number\n(of each round's mean counter, in the counter's "
-                      "units)"]
-    labels.clear()  # two kinds of estimate in one sweep: the figure alone
-    both = sweep.plan("quickstart", ["protocol={name=\"1bitmean\",epsilon=1,max_value=86400},"
-                                     "{name=\"dbitflip\",epsilon=1,max_value=86400,buckets=4,bits=1}"], repeat=2)
-    rows = [{"protocol": lab, "error_mean_abs": 1.0 + r} for lab in sweep.value_labels(both.grid["protocol"])
-            for r in (0, 1)]
-    sweep.plot_figures(both, ["protocol", "error_mean_abs"], rows, tmp_path)
-    assert labels == ["mean |error| over every estimated number"]
-    labels.clear()  # a plugin's own words for its estimate: those, without the scenario's seconds
-    own = sweep.plan("quickstart", ["population.devices=500,1000"], repeat=2,
-                     overrides=['protocol={name="tests.support:ShareOneBit",epsilon=1,max_value=86400}'])
-    sweep.plot_figures(own, ["population.devices", "error_mean_abs"],
-                       [{"population.devices": x, "error_mean_abs": 1.0 + r} for x in ("500", "1000") for r in (0, 1)],
-                       tmp_path)
-    assert labels == ["mean |error| over every estimated number\n(of each round's share of the day in use)"]
+    sweep.plot_figures(sw, header, rows, tmp_path)
+    assert labels == ["mean |error| over every estimated number", "rounds without an estimate (a count)"]
+
+
+def test_a_mean_and_a_histogram_in_one_sweep_get_a_column_and_a_panel_each(tmp_path, monkeypatch):
+    """A sweep over a mean protocol (seconds) and a histogram protocol (frequencies): results.csv and
+    results.parquet say on each row what its errors are of, and each error figure is drawn as one panel per
+    kind, each with its own y axis and its own words, no line joining the two."""
+    import pyarrow.parquet as pq
+    from matplotlib.figure import Figure
+
+    both = ['protocol={name="1bitmean",epsilon=1,max_value=86400},'
+            '{name="dbitflip",epsilon=1,max_value=86400,buckets=16,bits=2}']
+    sw = sweep.plan("quickstart", both, repeat=2, workers=1, overrides=["population.devices=3000", "rounds=2"])
+    seen: dict[str, Figure] = {}
+    monkeypatch.setattr("scenarios.plots.save", lambda fig, path, dpi=110: seen.setdefault(Path(path).stem, fig))
+    _executed(sw, tmp_path / "out")
+    with open(tmp_path / "out" / "results.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert {(row["run_protocol"], row["errors_of"]) for row in rows} == {
+        ("1bitmean", "of each round's mean counter, in seconds"), ("dbitflip", "of each bucket's frequency")}
+    assert str(pq.read_table(tmp_path / "out" / "results.parquet").schema.field("errors_of").type) == "string"
+    mean_abs = seen["error_mean_abs"]
+    assert [ax.get_ylabel() for ax in mean_abs.axes] == [
+        "mean |error| over every estimated number\n(of each round's mean counter, in seconds)",
+        "mean |error| over every estimated number\n(of each bucket's frequency)"]
+    # each panel one line (an errorbar's data line) at its own protocol's x only
+    top, bottom = ([c.lines[0] for c in ax.containers] for ax in mean_abs.axes)
+    assert [list(line.get_xdata()) for line in top] == [[0]] and [list(line.get_xdata()) for line in bottom] == [[1]]
+    assert min(top[0].get_ydata()) > 10 > 1 > max(bottom[0].get_ydata())  # seconds above, frequencies below
+    assert len(seen["error_wasserstein"].axes) == 1  # only the histogram has it
 
 
 @pytest.mark.parametrize("gammas, where", [(4, "inside"), (12, "beside"), (36, "note")])
