@@ -307,6 +307,7 @@ def plan(spec: str, grid_args: list[str], repeat: str | int | None = None, worke
         if k not in _SWEEP_KEYS:
             raise ScenarioError(f"sweep.{k}: unknown key (expected one of {list(_SWEEP_KEYS)})")
     grid = _file_grid(table.get("grid", {}), "sweep.grid")
+    origin = dict.fromkeys(grid, "[sweep.grid]")  # where each key's values come from, for the errors
     seen: set[str] = set()
     for item in grid_args:
         key, values = parse_grid_arg(item)
@@ -314,6 +315,7 @@ def plan(spec: str, grid_args: list[str], repeat: str | int | None = None, worke
             raise ScenarioError(f"--grid {key}: given twice")
         seen.add(key)
         grid[key] = values
+        origin[key] = "--grid"
     if not grid:
         raise ScenarioError("no grid: give --grid KEY=V1,V2,... or a [sweep.grid] table in the scenario")
     for key, values in grid.items():
@@ -323,8 +325,8 @@ def plan(spec: str, grid_args: list[str], repeat: str | int | None = None, worke
         if len(set(canon)) != len(canon):
             first = next(c for c in canon if canon.count(c) > 1)  # the first repeated value, in its spellings
             dups = list(dict.fromkeys(toml_text(v) for v, c in zip(values, canon) if c == first))
-            raise ScenarioError(f"--grid {key}: value {dups[0]} given twice" if len(dups) == 1 else
-                                f"--grid {key}: values {' and '.join(dups)} are the same number")
+            raise ScenarioError(f"{origin[key]} {key}: value {dups[0]} given twice" if len(dups) == 1 else
+                                f"{origin[key]} {key}: values {' and '.join(dups)} are the same number")
     if repeat is None and "repeat" not in table:
         raise ScenarioError("--repeat: required (or repeat = R in the scenario's [sweep] table)")
     n_rep = _positive_int(repeat if repeat is not None else table["repeat"],
@@ -356,16 +358,17 @@ def plan(spec: str, grid_args: list[str], repeat: str | int | None = None, worke
     seed = base.get("seed", 0)
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
         raise ScenarioError(f"seed: must be an integer in [0, 2^63), got {seed!r}")
-    warnings, largest = _validate(base, grid, tuple(on_every_point))
+    warnings, largest = _validate(base, grid, tuple(on_every_point), origin)
     return Sweep(path, overrides, base, grid, n_rep, n_workers, derive_seeds(seed, n_rep),
                  tuple(warnings), tuple(on_every_point), largest)
 
 
-def _validate(base: dict[str, Any], grid: dict[str, list[Any]],
-              after: tuple[str, ...] = ()) -> tuple[list[str], int]:
-    """Each key's values alone on the base scenario first (so the error names that key and value), then
-    every point of the cross product; ``after``: the --set overrides applied on top of each. Returns the
-    points' distinct scenario warnings and the most devices of any scenario parsed."""
+def _validate(base: dict[str, Any], grid: dict[str, list[Any]], after: tuple[str, ...] = (),
+              origin: dict[str, str] | None = None) -> tuple[list[str], int]:
+    """Each key's values alone on the base scenario first (so the error names that key and value, and where
+    it was given: ``origin``, "--grid" unless it says "[sweep.grid]"), then every point of the cross product;
+    ``after``: the --set overrides applied on top of each. Returns the points' distinct scenario warnings and
+    the most devices of any scenario parsed."""
     warnings: dict[str, None] = {}
     largest = 0
 
@@ -383,7 +386,8 @@ def _validate(base: dict[str, Any], grid: dict[str, list[Any]],
             sc = parse(data)
         except ScenarioError as exc:
             shown = ", ".join(f"{k}={toml_text(v)}" for k, v in pairs)
-            raise ScenarioError(f"--grid {shown}: {exc}" if len(pairs) == 1 else f"grid point {shown}: {exc}") \
+            where = (origin or {}).get(pairs[0][0], "--grid")
+            raise ScenarioError(f"{where} {shown}: {exc}" if len(pairs) == 1 else f"grid point {shown}: {exc}") \
                 from None
         warnings.update(dict.fromkeys(sc.warnings))
         largest = max(largest, sc.devices)

@@ -393,6 +393,24 @@ def test_argument_errors_are_one_line_with_status_2(tmp_path, capsys, grid, repe
     assert not (tmp_path / "x").exists()
 
 
+@pytest.mark.parametrize("table, grid, needle", [
+    ('"protocol.epsilonn" = [1, 2]', [], "[sweep.grid] protocol.epsilonn=1: protocol.epsilonn: unknown key"),
+    ('"protocol.epsilon" = [1, -2]', [], "[sweep.grid] protocol.epsilon=-2: protocol.epsilon: must be"),
+    ('"protocol.epsilon" = [1, 1]', [], "[sweep.grid] protocol.epsilon: value 1 given twice"),
+    ('"protocol.epsilon" = [1, 2]', ["--grid", "protocol.epsilon=1,-3"], "--grid protocol.epsilon=-3: protocol.epsilon"),
+])
+def test_an_error_in_the_file_grid_names_the_file_table_not_the_option(tmp_path, capsys, table, grid, needle):
+    """A bad [sweep.grid] entry is reported as [sweep.grid], where the user wrote it (it was reported as a
+    --grid the user never gave); a --grid that replaces it as --grid."""
+    study = tmp_path / "study.toml"
+    base = schema.resolve_path("quickstart").read_text(encoding="utf-8")
+    study.write_text(base + f"\n[sweep]\nrepeat = 1\n[sweep.grid]\n{table}\n", encoding="utf-8")
+    assert main(["sweep", str(study), *grid, "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"ldpsim: error: {needle}"), err
+    assert not (tmp_path / "x").exists()
+
+
 def test_repeat_is_required_somewhere(tmp_path, capsys):
     assert sweep_cli(tmp_path / "x", repeat=None) == 2
     assert "--repeat: required" in capsys.readouterr().err
