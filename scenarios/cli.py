@@ -217,7 +217,16 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     for warning in sw.warnings:
         print(f"ldpsim: warning: {warning}", file=sys.stderr)
     out = Path(args.out)
-    outcome = sweeps.execute(sw, out, force=args.force, quiet=args.quiet, cluster=cluster)
+    try:
+        outcome = sweeps.execute(sw, out, force=args.force, quiet=args.quiet, cluster=cluster)
+    except KeyboardInterrupt:  # the finished runs are in runs.jsonl: say so, and that the same command resumes
+        try:
+            kept = f"{len(sweeps.load_records(sw, out))} of {len(sw.points) * sw.repeat} run(s) are kept"
+        except (OSError, ValueError, ScenarioError):
+            kept = "the finished runs are kept"
+        print(f"ldpsim: interrupted: {kept} in {out / 'runs.jsonl'}; the same command resumes with the rest",
+              file=sys.stderr)
+        return 130
     print(f"ldpsim: sweep {sw.name}: {outcome.finished} run(s) finished now, {outcome.skipped} already done, "
           f"{outcome.failed} failed, of {outcome.total}; {out / 'results.csv'}, {out / 'results.parquet'} and "
           f"{len(outcome.plots)} plot(s)", file=sys.stderr)

@@ -411,6 +411,26 @@ def test_an_error_in_the_file_grid_names_the_file_table_not_the_option(tmp_path,
     assert not (tmp_path / "x").exists()
 
 
+def test_an_interrupted_sweep_says_what_it_kept_and_that_the_same_command_resumes(tmp_path, monkeypatch, capsys):
+    """Ctrl-C after three of twelve runs: status 130, one line naming the three runs kept in runs.jsonl and
+    that the same command resumes; it then runs the nine others only."""
+    out = tmp_path / "cut"
+
+    def interrupt_at_fourth(scenario):
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return False
+
+    calls = count_runs(monkeypatch, fail=interrupt_at_fourth)
+    assert sweep_cli(out, "--workers", "1") == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (f"ldpsim: interrupted: 3 of 12 run(s) are kept in {out / 'runs.jsonl'}; the same command "
+                       "resumes with the rest")
+    monkeypatch.undo()
+    calls = count_runs(monkeypatch)
+    assert sweep_cli(out, "--workers", "1") == 0 and len(calls) == 9
+
+
 def test_repeat_is_required_somewhere(tmp_path, capsys):
     assert sweep_cli(tmp_path / "x", repeat=None) == 2
     assert "--repeat: required" in capsys.readouterr().err
