@@ -67,7 +67,9 @@ def dependency_problem() -> str | None:
     try:
         import dp_accounting.pld.privacy_loss_distribution  # noqa: F401
     except ImportError as exc:  # pragma: no cover - the test extra installs it
-        return f"dp-accounting is not installed (pip install 'ldpsim[accounting]'): {exc}"
+        from scenarios.extras import install_command
+
+        return f"dp-accounting is not installed ({install_command('accounting')}): {exc}"
     return None
 
 

@@ -22,6 +22,7 @@ from protocols.base import DefinitionError
 from protocols.guard import BudgetOverrun
 from scenarios import allocator, jit, jsonout, resources
 from scenarios.schema import ScenarioError, load
+from scenarios.extras import install_command
 
 
 #: every file a run directory may hold (``ldpsim run``/``live``/``serve`` and ``ldpsim audit``'s report):
@@ -721,7 +722,7 @@ def parser() -> argparse.ArgumentParser:
     sw.add_argument("--cluster", metavar="ADDRESS",
                     help="run on a Dask distributed cluster instead: tcp://HOST:PORT (a running scheduler; its "
                          "workers need ldpsim installed) or local:N (N single-threaded worker processes started "
-                         "for the sweep); needs the dask extra: pip install 'ldpsim[dask]'")
+                         "for the sweep); needs the dask extra: " + install_command("dask"))
     sw.add_argument("--out", required=True, metavar="DIR", help="sweep directory (created; resumed if it "
                                                                  "holds the same sweep)")
     sw.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",

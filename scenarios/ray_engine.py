@@ -32,6 +32,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from scenarios.extras import install_command
 from scenarios.parallel import _RERAISED, WorkerError, _build_shard, _pack_charge, _unpack_charge, split_cohorts
 from scenarios.schema import ScenarioError
 
@@ -40,7 +41,7 @@ __all__ = ["RayShards", "ShardActor", "engine", "require_ray", "DEFAULT_SHARDS",
 #: shards of ``--engine ray`` when ``[simulation] workers`` is 0 (auto)
 DEFAULT_SHARDS = 2
 
-MISSING = "--engine ray needs the ray extra: pip install 'ldpsim[ray]'"
+MISSING = f"--engine ray needs the ray extra: {install_command('ray')}"
 
 #: what every shard actor's process runs with: one numba (and BLAS) thread, as a worker process of parallel.py
 #: (set by the actor itself, not as a Ray runtime_env: the actors can then start in Ray's pre-started workers)

@@ -55,6 +55,7 @@ from typing import Any, Iterable, Iterator
 
 from protocols.keyed import stream_key
 from scenarios import sweep_worker
+from scenarios.extras import install_command
 from scenarios.schema import MAX_INTEGER, ScenarioError, _parse_value, apply_overrides, parse, read
 
 SWEEP_PURPOSE = 100  # stream tag of repetition seeds; beyond protocols.keyed.Purpose so no stream collides
@@ -513,7 +514,7 @@ def run_jobs(jobs: list[Job], workers: int, in_process: bool | None = None) -> I
 
 
 # ------------------------------------------------------------------------------------- a Dask cluster
-CLUSTER_EXTRA = "--cluster needs the dask extra: pip install 'ldpsim[dask]'"
+CLUSTER_EXTRA = f"--cluster needs the dask extra: {install_command('dask')}"
 _TCP = re.compile(r"tcp://(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(?P<port>[0-9]{1,5})")
 
 

@@ -21,6 +21,8 @@ from scenarios import runner, schema, sweep
 from scenarios.cli import main
 from scenarios.schema import ScenarioError
 
+REPO = Path(__file__).resolve().parent.parent  # this checkout
+
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SMALL = ["--set", "population.devices=300", "--set", "rounds=2", "--set", "simulation.cohort_size=100",
          "--set", "changes=[]"]
@@ -658,7 +660,7 @@ def test_a_missing_dask_extra_is_a_one_line_error(tmp_path, monkeypatch, capsys)
     calls = count_runs(monkeypatch)
     assert sweep_cli(tmp_path / "x", "--cluster", "local:2") == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["ldpsim: error: --cluster needs the dask extra: pip install 'ldpsim[dask]'"]
+    assert err == [f"ldpsim: error: --cluster needs the dask extra: pip install -e '{REPO}[dask]'"]
     assert calls == [] and not (tmp_path / "x").exists()
     with pytest.raises(ScenarioError, match=r"needs the dask extra"):
         sweep.execute(sweep.plan("quickstart", ["protocol.epsilon=1,2"], repeat=1), tmp_path / "y",
