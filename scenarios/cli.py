@@ -86,6 +86,9 @@ def _progress_bar(total: int, enabled: bool, desc: str = "simulating"):
 #: simulates (at the lowest priority: only on cores the run leaves idle) and draws while this process writes
 #: the tables
 PLOT_PROCESS = 10_000_000
+#: devices x rounds from which ``ldpsim run`` says, after the progress bar, that it is writing the run directory
+#: (300,000 x 31 with attack metrics: about 5 s)
+WRITING_LINE = 5_000_000
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -130,6 +133,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         with open(out / "events.jsonl", "w", encoding="utf-8") as events:
             result = runner.run(scenario, events=events, progress=update, engine=engine)
         close()
+        if not args.quiet and scenario.devices * scenario.rounds >= WRITING_LINE:  # seconds, not a silent pause
+            print(f"ldpsim: writing {out}: tables, pictures, summary"
+                  f"{' and attack metrics' if scenario.attacks else ''}", file=sys.stderr)
         summary = output.write_run_dir(result, out, ledger_rows=not args.no_ledger_rows, transcript=args.transcript,
                                        painter=painter)
     except BaseException:  # a run that failed (a behavior's error, an interrupt) leaves no partial run behind

@@ -822,3 +822,21 @@ def test_an_interrupt_wrapped_by_a_c_extension_is_one_line(monkeypatch, capsys) 
     monkeypatch.setattr(cli, "cmd_protocols", other)
     with pytest.raises(SystemError, match="something else"):
         main(["protocols"])
+
+
+def test_a_large_run_says_it_is_writing_its_directory_after_the_progress_bar(tmp_path, monkeypatch, capsys):
+    """Past WRITING_LINE devices x rounds, one line after the progress bar says the run directory is being
+    written, naming the attack metrics when they are computed (seconds that were a silent pause); --quiet
+    keeps it out."""
+    from scenarios import cli
+
+    monkeypatch.setattr(cli, "WRITING_LINE", 1)
+    out = tmp_path / "r"
+    assert main(["run", "quickstart", "--out", str(out), *SMALL, "--set", "analysis.attacks=true"]) == 0
+    lines = capsys.readouterr().err.splitlines()
+    assert f"ldpsim: writing {out}: tables, pictures, summary and attack metrics" in lines
+    assert main(["run", "quickstart", "--out", str(tmp_path / "q"), "--quiet", *SMALL]) == 0
+    assert "writing" not in capsys.readouterr().err
+    monkeypatch.setattr(cli, "WRITING_LINE", 10**12)
+    assert main(["run", "quickstart", "--out", str(tmp_path / "s"), *SMALL]) == 0
+    assert "ldpsim: writing" not in capsys.readouterr().err
