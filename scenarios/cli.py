@@ -156,10 +156,24 @@ def cmd_run(args: argparse.Namespace) -> int:
           f"max {_num(eps['max'])}, mean {_num(eps['mean'])}, p99 {_num(eps['p99'])} "
           f"(guarantee {_num(pv['guarantee'])}{_within_pattern(pv)}{_budget(pv)}); messages rejected "
           f"{summary['messages']['rejected']}; "
-          f"simulated in {summary['wall_seconds']:.2f} s", file=sys.stderr if args.json else sys.stdout)
+          f"simulated in {summary['wall_seconds']:.2f} s{_engine_note(summary.get('parallelism'))}",
+          file=sys.stderr if args.json else sys.stdout)
     if args.json:  # stdout holds summary.json alone, for a pipe into a JSON reader
         print(jsonout.dumps(summary, indent=2))
     return max(_own_rejections(summary), _privacy_verdict(pv))
+
+
+def _engine_note(parallelism: dict | None) -> str:
+    """What the one-line report adds about another engine's shards: the seconds of the simulation spent
+    starting them (Ray's start-up), and shards restarted and rebuilt on the way."""
+    if not parallelism:
+        return ""
+    notes = []
+    if parallelism.get("start_seconds") is not None:
+        notes.append(f"{parallelism['start_seconds']:.2f} s of it starting the {parallelism.get('engine', 'shards')}")
+    if parallelism.get("restarts"):
+        notes.append(f"{parallelism['restarts']} shard restart(s) recovered by replay")
+    return f" ({'; '.join(notes)})" if notes else ""
 
 
 def _own_rejections(summary: dict) -> int:

@@ -127,9 +127,11 @@ def run(scenario: Scenario, events: TextIO | None = None,
     t0 = time.perf_counter()
     sc = scenario
     slices = cohort_slices(sc.devices, sc.simulation.cohort_size)
+    started: float | None = None  # seconds to start or join another engine's shards (Ray: seconds)
     if engine is not None:
         pool: Any = engine(sc.as_run, slices)
         workers = pool.workers
+        started = time.perf_counter() - t0
     else:
         workers = resolve_workers(sc.simulation.workers, sc.devices, sc.rounds, len(slices))
         # the cohorts' work in shard processes (scenarios/parallel.py), started first: they load while this builds
@@ -138,6 +140,8 @@ def run(scenario: Scenario, events: TextIO | None = None,
     try:
         result = _run(sc, t0, slices, workers, pool, events, progress)
         finished = True
+        if started is not None:  # part of wall_seconds, said apart
+            result.extra["parallelism"]["start_seconds"] = started
         return result
     finally:
         if isinstance(pool, ProcessShards) and not finished:  # interrupted, or failed: stop the workers now
@@ -234,6 +238,8 @@ def _run(sc: Scenario, t0: float, slices: list[tuple[int, int]], workers: int, p
         guards, rejected = pool.guards(), sharded.rejected
         if not isinstance(pool, ThreadShards):
             extra["worker_stats"] = pool.stats()
+            if any("restarts" in st for st in extra["worker_stats"]):  # shards restarted and rebuilt by replay
+                extra["parallelism"]["restarts"] = int(sum(st.get("restarts", 0) for st in extra["worker_stats"]))
     else:
         guards, rejected = guard_counts([c.device for c in cohorts]), sum(c.rejected for c in cohorts)
     wall = time.perf_counter() - t0

@@ -50,6 +50,8 @@ def test_the_cli_runs_thresh_on_ray_with_the_digests_of_the_single_process_run(r
     assert code == 0, capsys.readouterr().err
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["digests"] == _digests("thresh_drift", *thresh)
+    line = capsys.readouterr().out.strip().splitlines()[-1]  # the one-line report: Ray's start-up said apart
+    assert f"({summary['parallelism']['start_seconds']:.2f} s of it starting the ray actors)" in line
 
 
 def test_a_shard_s_protocol_error_is_the_command_s_one_line(ray, tmp_path, capsys):
@@ -69,7 +71,10 @@ def test_topl_on_two_ray_shards_runs_exactly_what_one_process_runs(ray):
     extra = ("rounds=3",)  # thresholds broadcast mid-round
     result = runner.run(_load("topl_pos", *extra), engine=ray_engine.engine(shards=2))
     assert result.extra["workers"] == 2
-    assert output.summary(result)["parallelism"] == {"workers": 2, "threads": 1, "engine": "ray actors"}
+    parallelism = output.summary(result)["parallelism"]
+    assert {k: v for k, v in parallelism.items() if k != "start_seconds"} == \
+        {"workers": 2, "threads": 1, "engine": "ray actors", "restarts": 0}
+    assert 0 < parallelism["start_seconds"] < result.wall_seconds  # starting the actors, said apart
     assert output.summary(result)["digests"] == _digests("topl_pos", *extra)
     assert [s["restarts"] for s in result.extra["worker_stats"]] == [0.0, 0.0]
 
@@ -137,6 +142,7 @@ def test_killed_shards_are_restarted_and_rebuilt_by_replay_and_the_digests_do_no
         assert result.ledger.history == one.ledger.history
         stats = result.extra["worker_stats"]
         assert [s["restarts"] for s in stats] == [1.0, 1.0]  # each shard caught up once
+        assert output.summary(result)["parallelism"]["restarts"] == 2  # and summary.json says so
         assert all(s["replayed"] > 0 for s in stats)  # ... by replaying what it had missed
         with pytest.raises(ray.exceptions.RayActorError):
             ray.get(crashed[0])  # it did exit
