@@ -11,6 +11,7 @@ import json
 import math
 import os
 import shlex
+import signal
 import sys
 import threading
 import time
@@ -240,14 +241,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     out = Path(args.out)
     try:
         outcome = sweeps.execute(sw, out, force=args.force, quiet=args.quiet, cluster=cluster)
-    except KeyboardInterrupt:  # the finished runs are in runs.jsonl: say so, and that the same command resumes
+    except KeyboardInterrupt as exc:  # the finished runs are in runs.jsonl: say so, and that the same command resumes
         try:
             kept = f"{len(sweeps.load_records(sw, out))} of {len(sw.points) * sw.repeat} run(s) are kept"
         except (OSError, ValueError, ScenarioError):
             kept = "the finished runs are kept"
-        print(f"ldpsim: interrupted: {kept} in {out / 'runs.jsonl'}; the same command resumes with the rest",
+        how = "terminated" if isinstance(exc, Terminated) else "interrupted"
+        print(f"ldpsim: {how}: {kept} in {out / 'runs.jsonl'}; the same command resumes with the rest",
               file=sys.stderr)
-        return 130
+        return 143 if isinstance(exc, Terminated) else 130
     print(f"ldpsim: sweep {sw.name}: {outcome.finished} run(s) finished now, {outcome.skipped} already done, "
           f"{outcome.failed} failed, of {outcome.total}; {out / 'results.csv'}, {out / 'results.parquet'} and "
           f"{len(outcome.plots)} plot(s)", file=sys.stderr)
@@ -859,6 +861,9 @@ def _command(args: argparse.Namespace) -> int:
         print("ldpsim: error: input nested too deeply (a scenario, --set/--grid value or JSON file with thousands "
               "of nested arrays or tables)", file=sys.stderr)
         return 2
+    except Terminated:
+        print("ldpsim: terminated", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print("ldpsim: interrupted", file=sys.stderr)
         return 130
@@ -879,6 +884,18 @@ def _caused_by_interrupt(exc: BaseException | None) -> bool:
         exc, seen = exc.__cause__ or exc.__context__, seen + 1
     return False
 
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread as Ctrl-C is: the same clean-up (worker processes stopped, a partial
+    run directory removed, a sweep's kept runs named), then exit status 143."""
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    raise Terminated()
+
+
+#: commands whose SIGTERM is handled as Ctrl-C (batch jobs; the servers keep the default)
+TERM_AS_INTERRUPT = ("run", "sweep")
 
 #: commands whose process ends without tearing the interpreter down (see _exit_now)
 FAST_EXIT = ("run",)
@@ -924,6 +941,8 @@ def main(argv: list[str] | None = None) -> int:
     if _is_process_entry(argv):  # the ldpsim program owns its process (not a caller passing argv)
         allocator.tune()
         jit.skip_blas_probe()
+        if args.command in TERM_AS_INTERRUPT:
+            signal.signal(signal.SIGTERM, _terminate)
     code = _command(args)
     if args.command in FAST_EXIT and getattr(args, "engine", "local") == "local" and _is_process_entry(argv):
         _exit_now(code)  # (--engine ray: Ray's own shutdown is left to the ordinary exit)

@@ -454,10 +454,13 @@ def test_a_twin_draws_its_first_levels_in_parts_as_the_world_would(parts, monkey
 
 
 @pytest.mark.skipif(not hasattr(os, "killpg"), reason="sends Ctrl-C to a process group (os.killpg): POSIX only")
-def test_ctrl_c_stops_a_run_with_worker_processes_in_one_line(tmp_path) -> None:
+@pytest.mark.parametrize("how", ["ctrl-c", "term"])
+def test_ctrl_c_stops_a_run_with_worker_processes_in_one_line(tmp_path, how) -> None:
     """Ctrl-C reaches the whole process group: the run says "ldpsim: interrupted" alone (its shard workers and its
     picture process each printed a KeyboardInterrupt traceback), its workers are killed rather than waited for
-    (10 s each, blocked on a reply nobody read), and no process of the group is left."""
+    (10 s each, blocked on a reply nobody read), and no process of the group is left. SIGTERM to the run's
+    process alone (a scheduler's stop) is handled the same way: "ldpsim: terminated", status 143, and the
+    partial run directory removed (the default handler ended the process on the spot, leaving both)."""
     import signal
     import subprocess
     import time
@@ -477,10 +480,15 @@ def test_ctrl_c_stops_a_run_with_worker_processes_in_one_line(tmp_path) -> None:
             break
         time.sleep(0.05)
     assert proc.poll() is None, "the run ended before it could be interrupted"
-    os.killpg(proc.pid, signal.SIGINT)
+    if how == "term":
+        os.kill(proc.pid, signal.SIGTERM)
+    else:
+        os.killpg(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode != 0
-    assert "Traceback" not in err and err.strip().splitlines()[-1] == "ldpsim: interrupted", err[-3000:]
+    assert proc.returncode == (143 if how == "term" else 130)
+    said = "ldpsim: terminated" if how == "term" else "ldpsim: interrupted"
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == said, err[-3000:]
+    assert not out.exists()  # the run created it: no partial run is left behind
     # nothing of the group is left running (its picture process may still be importing matplotlib at low
     # priority: it ends when it next reads its closed input)
     gone = False
