@@ -214,3 +214,30 @@ def test_a_ray_address_where_nothing_listens_is_one_line_at_once(monkeypatch) ->
             ray_engine._reachable("nonsense")
     finally:
         listening.close()
+
+
+def test_without_an_address_the_engine_starts_its_own_ray_rather_than_joining_one(monkeypatch) -> None:
+    """No --ray-address: ray.init(address="local"), a Ray of the run's own. ray.init(address=None) would join a
+    cluster that RAY_ADDRESS or an earlier `ray start` on this machine names, whatever its code or load. A given
+    address is passed on as it is. Needs no Ray: a stand-in records the call."""
+    from scenarios import ray_engine
+    from scenarios.schema import ScenarioError
+
+    asked: list = []
+
+    class FakeRay:
+        @staticmethod
+        def is_initialized() -> bool:
+            return False
+
+        @staticmethod
+        def init(**kw) -> None:
+            asked.append(kw["address"])
+            raise RuntimeError("stand-in: not starting anything")
+
+    monkeypatch.setattr(ray_engine, "require_ray", lambda: FakeRay)
+    monkeypatch.setattr(ray_engine, "_reachable", lambda address: None)
+    for address, expected in ((None, "local"), ("auto", "auto"), ("10.0.0.1:6379", "10.0.0.1:6379")):
+        with pytest.raises(ScenarioError, match="cannot start or join Ray: stand-in"):
+            ray_engine.RayShards({}, [[(0, 10)]], address=address)
+        assert asked[-1] == expected
