@@ -171,7 +171,9 @@ def _engine_note(parallelism: dict | None) -> str:
         return ""
     notes = []
     if parallelism.get("start_seconds") is not None:
-        notes.append(f"{parallelism['start_seconds']:.2f} s of it starting the {parallelism.get('engine', 'shards')}")
+        engine = parallelism.get("engine")
+        what = "starting or joining Ray" if engine == "ray actors" else f"starting the {engine or 'shards'}"
+        notes.append(f"{parallelism['start_seconds']:.2f} s of it {what}")
     if parallelism.get("restarts"):
         notes.append(f"{parallelism['restarts']} shard restart(s) recovered by replay")
     return f" ({'; '.join(notes)})" if notes else ""

@@ -127,7 +127,7 @@ def run(scenario: Scenario, events: TextIO | None = None,
     t0 = time.perf_counter()
     sc = scenario
     slices = cohort_slices(sc.devices, sc.simulation.cohort_size)
-    started: float | None = None  # seconds to start or join another engine's shards (Ray: seconds)
+    started: float | None = None  # seconds to start another engine (Ray: ray.init; its actors start meanwhile)
     if engine is not None:
         pool: Any = engine(sc.as_run, slices)
         workers = pool.workers

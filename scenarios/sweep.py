@@ -321,7 +321,7 @@ def plan(spec: str, grid_args: list[str], repeat: str | int | None = None, worke
         raise ScenarioError("no grid: give --grid KEY=V1,V2,... or a [sweep.grid] table in the scenario")
     for key, values in grid.items():
         if key == "seed":
-            raise ScenarioError("--grid seed: the seed cannot be swept; repetitions derive their seeds from it")
+            raise ScenarioError(f"{origin[key]} seed: the seed cannot be swept; repetitions derive their seeds from it")
         canon = [_canon(_as_number(v)) for v in values]
         if len(set(canon)) != len(canon):
             first = next(c for c in canon if canon.count(c) > 1)  # the first repeated value, in its spellings
