@@ -19,10 +19,10 @@ Importing the package imports none of its modules; import the one you need
 - ``cli``: the ``ldpsim`` command; ``allocator``: the C allocator's settings of the processes it owns; ``jit``:
   numba's start-up in them (its BLAS probe, which imports SciPy's linear algebra, skipped);
   ``resources``: the memory a run asks for, checked before anything is allocated; ``extras``: how to install an
-  optional extra where this ldpsim runs from.
+  optional extra where this ldpsim runs from; ``failure``: one line for an exception a user's own code raised.
 """
 
 __all__ = [
-    "accounting", "allocator", "attacks", "audit", "cli", "compare", "conformance", "extras", "jit", "journal", "jsonout", "labels", "live", "metrics", "output", "parallel",
+    "accounting", "allocator", "attacks", "audit", "cli", "compare", "conformance", "extras", "failure", "jit", "journal", "jsonout", "labels", "live", "metrics", "output", "parallel",
     "pipes", "plot_process", "plots", "privacy_audit", "ray_engine", "resources", "runner", "schema", "sweep", "sweep_worker", "tables",
 ]

@@ -21,7 +21,7 @@ from typing import Any
 from agents.behavior import BehaviorError
 from protocols.base import DefinitionError
 from protocols.guard import BudgetOverrun
-from scenarios import allocator, jit, jsonout, resources
+from scenarios import allocator, failure, jit, jsonout, resources
 from scenarios.schema import ScenarioError, load
 from scenarios.extras import install_command
 
@@ -365,17 +365,22 @@ def cmd_live(args: argparse.Namespace) -> int:
     resources.check_memory(scenario.devices)
     args.connections = _connections(args.connections, scenario.devices, 2)  # both ends of each are in this process
     settings, client_tls = _settings(args), _client_tls(args)  # a bad secret or certificate: before any file
+    created = not (args.out and Path(args.out).exists())
     out = _live_out(args, scenario.name, "live")
     _network_note(scenario)
     update, close = _progress_bar(scenario.rounds, not args.quiet, "live rounds")
     try:
-        with open(out / "events.jsonl", "w", encoding="utf-8") as events:
-            result = asyncio.run(live.run_embedded(scenario, args.connections, events, settings,
-                                                   client_tls=client_tls, progress=update))
-    finally:
-        close()
-    _print_drops(result)
-    summary = output.write_run_dir(result, out, ledger_rows=not args.no_ledger_rows)
+        try:
+            with open(out / "events.jsonl", "w", encoding="utf-8") as events:
+                result = asyncio.run(live.run_embedded(scenario, args.connections, events, settings,
+                                                       client_tls=client_tls, progress=update))
+        finally:
+            close()
+        _print_drops(result)
+        summary = output.write_run_dir(result, out, ledger_rows=not args.no_ledger_rows)
+    except BaseException:  # a run that failed (a plugin's error, an interrupt) leaves no partial run behind
+        discard_partial_run(out, created)
+        raise
     err, pv = summary["error"], summary["privacy"]
     print(f"live run over {args.connections} connection(s): mean |error| {_num(err['mean_abs'])}, max |error| "
           f"{_num(err['max_abs'])}; per-device spend (epsilon): max {_num(pv.get('max_spend'))} (guarantee "
@@ -874,6 +879,12 @@ def _command(args: argparse.Namespace) -> int:
             raise
         print("ldpsim: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # a plugin's or a behavior's own code that raised: where and what, in one line
+        line = failure.one_line(exc)
+        if line is None:  # raised in ldpsim itself: a bug, with its traceback
+            raise
+        print(f"ldpsim: error: {line}", file=sys.stderr)
+        return 2
 
 
 def _caused_by_interrupt(exc: BaseException | None) -> bool:

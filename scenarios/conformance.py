@@ -226,7 +226,13 @@ def check_hostile(sc: Any) -> dict[str, float]:
 
 def check_audit(sc: Any, directory: str | Path | None = None) -> dict[str, Any]:
     """``ldpsim audit`` of a run of ``sc`` (every device) is clean."""
+    from protocols import reference
     from scenarios import audit, output, runner
+
+    try:
+        reference.model_of(sc.protocol)
+    except ValueError as exc:  # nothing to replay the devices with (said before a run it could not audit)
+        raise _fail("audit", str(exc)) from None
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(directory) if directory is not None else Path(tmp) / "run"
@@ -285,6 +291,11 @@ def _each(sc: Any, names: Sequence[str],
             figures, failure = CHECKS[name](sc), None
         except ConformanceError as exc:
             figures, failure = None, exc
+        except Exception as exc:  # the protocol under test raised (a plugin's code), or the check could not run
+            from scenarios.failure import describe
+
+            figures, failure = None, _fail(name, f"raised {describe(exc) or f'{type(exc).__name__}: {exc}'}")
+            failure.__cause__ = exc  # a test suite's report shows the traceback
         yield name, figures, failure, time.perf_counter() - t0
 
 

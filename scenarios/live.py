@@ -180,11 +180,19 @@ async def run_embedded(sc: Scenario, connections: int = 2, events: TextIO | None
     clients = [build_client(sc, part, ledger, host, port, days, settings.secret, client_tls)
                for part in parts if part.size]  # more connections than devices: no empty Hellos
     tasks = [asyncio.create_task(c.run()) for c in clients]
+    serving = asyncio.create_task(server.run())
     try:
-        await server.run()
+        while not serving.done():  # a client that fails (a plugin's device side raising) ends the run at once,
+            # where the collector would wait out each stage's timeout for its devices and fail later, elsewhere
+            running = [t for t in tasks if not t.done()]
+            done, _ = await asyncio.wait([serving, *running], return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                if task is not serving and not task.cancelled() and task.exception() is not None:
+                    raise task.exception()  # type: ignore[misc]
+        await serving
         await asyncio.wait_for(asyncio.gather(*tasks), 10)
     finally:
-        for task in tasks:
+        for task in [serving, *tasks]:
             task.cancel()
         await server.close()
     result = live_result(sc, server, book, ledger, time.perf_counter() - t0, sum(c.rejected for c in clients))

@@ -34,6 +34,7 @@ from agents.behavior import BehaviorError
 from protocols.base import DefinitionError
 from protocols.guard import BudgetOverrun
 from protocols.ledger import Charge
+from scenarios import failure
 from scenarios.pipes import child_command, read_frame, write_frame
 
 __all__ = ["ProcessShards", "WorkerError", "resolve_threads", "resolve_workers", "split_cohorts", "AUTO_DEVICE_ROUNDS",
@@ -61,7 +62,10 @@ AUTO_THREAD_COHORT = 50_000
 
 
 class WorkerError(RuntimeError):
-    """A shard worker failed or exited; the message carries its traceback's last lines."""
+    """A shard worker failed or exited; the message carries its traceback's last lines, and ``user_line``
+    where a user's own code raised it (scenarios/failure.py)."""
+
+    user_line: str | None = None
 
 
 #: errors a worker's device side raises that the parent raises again as they are (the command's one-line
@@ -190,7 +194,10 @@ class ProcessShards:
         if isinstance(out, dict) and "error" in out:
             if out.get("raise") in _RERAISED:  # the worker's own error, with its message
                 raise _RERAISED[out["raise"]](str(out.get("message", "")))
-            raise WorkerError(f"a shard worker failed: {out['error']}")
+            error = WorkerError(f"a shard worker failed: {out['error']}")
+            if isinstance(out.get("user"), str):
+                error.user_line = out["user"]
+            raise error
         return out
 
     def _all(self, command: dict) -> list[Any]:
@@ -335,6 +342,9 @@ def worker(stdin: BinaryIO, stdout: BinaryIO) -> int:
                 raise RuntimeError(f"unknown command {op!r}")
         except Exception as exc:
             reply = {"error": "".join(traceback.format_exc().splitlines(True)[-6:])[-2000:]}
+            user = failure.describe(exc)  # a plugin's own code that raised: where, found here where its frames are
+            if user is not None:
+                reply["user"] = user[:2000]
             if type(exc).__name__ in _RERAISED:  # an error the command reports in one line: raised again there
                 reply["raise"], reply["message"] = type(exc).__name__, str(exc)[:2000]
             write_frame(stdout, reply)

@@ -32,6 +32,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from scenarios import failure
 from scenarios.extras import install_command
 from scenarios.parallel import _RERAISED, WorkerError, _build_shard, _pack_charge, _unpack_charge, split_cohorts
 from scenarios.schema import ScenarioError
@@ -239,7 +240,11 @@ class RayShards:
                 own = getattr(exc, "cause", None)  # the actor's own exception (Ray carries it back)
                 if type(own).__name__ in _RERAISED:  # one the command reports in one line, as a worker's is
                     raise _RERAISED[type(own).__name__](str(own)[:2000]) from None
-                raise WorkerError(f"Ray shard {k} failed: {_last_line(exc)}") from None
+                error = WorkerError(f"Ray shard {k} failed: {_last_line(exc)}")
+                if isinstance(own, BaseException):  # its frames stay in the actor: read them from the text
+                    error.user_line = (failure.describe(own)
+                                       or failure.describe_text(str(exc), own))  # (the text holds them)
+                raise error from None
             except errors as exc:
                 if getattr(exc, "actor_init_failed", False):  # its constructor raised: Ray does not restart it
                     raise WorkerError(f"Ray shard {k} could not start: {_last_line(exc)}") from None

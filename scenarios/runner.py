@@ -28,7 +28,7 @@ from collector.process import CollectorProcess, CollectorStats
 from protocols import transcript as canonical
 from protocols.base import CollectorSide, Observer, ProtocolParams
 from protocols.ledger import Ledger
-from scenarios import attacks
+from scenarios import attacks, failure
 from scenarios.metrics import round_metrics
 from scenarios.parallel import ProcessShards, available_cores, resolve_threads, resolve_workers, split_cohorts
 from scenarios.schema import Scenario
@@ -226,6 +226,9 @@ def _run(sc: Scenario, t0: float, slices: list[tuple[int, int]], workers: int, p
     done = env.process(clock())
     try:
         env.run(until=done)
+    except Exception as exc:  # which round it broke in, for the one line of a plugin's error (scenarios/failure.py)
+        exc.add_note(f"{failure.ROUND_NOTE}{int(env.now // sc.simulation.round_seconds) + 1}")
+        raise
     finally:
         if isinstance(pool, ThreadShards):
             pool.close()

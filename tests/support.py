@@ -216,3 +216,41 @@ class Float32DevicesKFlip(_CastKFlip):
     @classmethod
     def from_table(cls, name, table, ctx):  # type: ignore[no-untyped-def]
         return super().from_table("float32deviceskflip", table, ctx)
+
+
+class _RaisingKFlipDevices(KFlipDevices):
+    """KFlip's device side failing in round 3, as a plugin's own code might."""
+
+    def report(self, round_, values):  # type: ignore[no-untyped-def]
+        if round_ == 3:
+            raise RuntimeError("plugin device side failed on purpose")
+        return super().report(round_, values)
+
+
+class RaisingDevicesKFlip(KFlipParams):
+    """k-ary randomized response whose device side raises in round 3: the command's one line names this file,
+    the function and the round, not a traceback through ldpsim. ``tests.support:RaisingDevicesKFlip``."""
+
+    @classmethod
+    def from_table(cls, name, table, ctx):  # type: ignore[no-untyped-def]
+        return super().from_table("raisingdeviceskflip", table, ctx)
+
+    def make_devices(self, seed, device_ids, limits=None):  # type: ignore[no-untyped-def]
+        return _RaisingKFlipDevices(self, seed, device_ids, limits)
+
+
+class RaisingEstimateKFlip(KFlipParams):
+    """k-ary randomized response whose collector's estimate raises. ``tests.support:RaisingEstimateKFlip``."""
+
+    @classmethod
+    def from_table(cls, name, table, ctx):  # type: ignore[no-untyped-def]
+        return super().from_table("raisingestimatekflip", table, ctx)
+
+    def make_collector(self, n_devices: int):  # type: ignore[no-untyped-def]
+        collector = super().make_collector(n_devices)
+
+        def estimate(columns):  # type: ignore[no-untyped-def]
+            raise ZeroDivisionError("plugin estimate failed on purpose")
+
+        collector.estimate = estimate
+        return collector
