@@ -89,6 +89,25 @@ MISMATCH_KINDS = ("report_value", "unexpected_report", "duplicate_report", "miss
 class AuditInputError(ScenarioError):
     """A run directory that cannot be audited; the message names the file and what is wrong with it."""
 
+    status = 2  # the command's exit status: cannot audit
+
+
+class RunAltered(AuditInputError):
+    """A file the run wrote (summary.json says so) that is gone: the directory was changed after the run, which
+    fails the audit (exit status 1) though nothing can be checked without it."""
+
+    status = 1
+
+
+def _written(run: Path, summary: dict, name: str) -> None:
+    """RunAltered when summary.json says the run wrote ``name`` and it is not there."""
+    entry = summary.get("files", {}).get(name) if isinstance(summary.get("files"), dict) else None
+    if isinstance(entry, dict) and entry.get("written") is True and not (run / name).exists():
+        rows = entry.get("rows")
+        said = f" ({rows:,} rows)" if isinstance(rows, int) and not isinstance(rows, bool) else ""
+        raise RunAltered(f"{run / name}: missing, although summary.json says the run wrote it{said}: the run "
+                         "directory was changed after the run")
+
 
 # ------------------------------------------------------------------------------------------- inputs
 @dataclass
@@ -278,6 +297,7 @@ def load(run_dir: Path | str, ledgers: Sequence[Path | str] | None = None, allow
         downlink.append(msg)
     if any(b < a for a, b in zip(times, times[1:])):
         raise AuditInputError(f"{path}: broadcasts are not in time order")
+    _written(run, summary, tables.TRANSCRIPT)
     transcript = _parquet(run / tables.TRANSCRIPT, "the delivered reports; write it with ldpsim run --transcript "
                           "always", ("stage", "round", "device"))
     try:
@@ -304,6 +324,7 @@ def load(run_dir: Path | str, ledgers: Sequence[Path | str] | None = None, allow
         shards = privacy.get("ledger") == "device shards"
         hint = ("the run's ledger is kept by its device shards: pass --ledger" if shards
                 else "the run was written with --no-ledger-rows")
+        _written(run, summary, tables.LEDGER)
         ledger = _plain_reason(_parquet(run / tables.LEDGER, hint, need).select(list(need)))
         source = "ledger.parquet"
     spend = None  # whenever the audit reads this directory's ledger (whatever summary.json says of it)

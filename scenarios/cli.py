@@ -838,7 +838,7 @@ def _command(args: argparse.Namespace) -> int:
         return args.func(args)
     except ScenarioError as exc:
         print(f"ldpsim: error: {exc}", file=sys.stderr)
-        return 2
+        return int(getattr(exc, "status", 2))  # 2, or 1 for an audited run directory changed after the run
     except BehaviorError as exc:  # a scripted behavior that failed during the run (agents/behavior.py)
         print(f"ldpsim: error: behavior: {exc}", file=sys.stderr)
         return 2

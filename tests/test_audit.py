@@ -702,9 +702,7 @@ def test_cli_json_and_exit_codes(tmp_path, clean_runs, capsys) -> None:
     (lambda r: (r / "scenario.json").write_text("{"), "scenario.json: not valid JSON"),
     (lambda r: (r / "downlink.jsonl").unlink(), "downlink.jsonl: missing"),
     (lambda r: (r / "downlink.jsonl").write_text('{"time": 0, "type": "collect"}\n'), "downlink.jsonl:1: malformed"),
-    (lambda r: (r / "transcript.parquet").unlink(), "transcript.parquet: missing"),
     (lambda r: (r / "transcript.parquet").write_bytes(b"not parquet"), "transcript.parquet: not a readable"),
-    (lambda r: (r / "ledger.parquet").unlink(), "ledger.parquet: missing"),
     (lambda r: (r / "scenario.json").write_text(json.dumps({"name": "x"})), "scenario.json: rounds: required"),
     (lambda r: (r / "summary.json").write_text(json.dumps({"protocol": "1bitrrpm"})), "no privacy.guarantee"),
     # found by a hostile-input pass: each was a traceback
@@ -735,6 +733,31 @@ def test_bad_run_directories_exit_2(tmp_path, clean_runs, capsys, damage, needle
     err = capsys.readouterr().err.strip()
     assert needle in err and len(err.splitlines()) == 1, err
     assert not (run / "audit.json").exists()
+
+
+@pytest.mark.parametrize("name", ["ledger.parquet", "transcript.parquet"])
+def test_a_table_the_run_wrote_that_is_gone_fails_the_audit(tmp_path, clean_runs, capsys, name) -> None:
+    """A table summary.json says the run wrote, deleted: the audit fails (exit 1: the directory was changed),
+    naming the rows it had. It said "missing (the run was written with --no-ledger-rows)" and exit 2, as if
+    the run had not written it."""
+    run = _copy(clean_runs["quickstart"], tmp_path / "run")
+    rows = json.loads((run / "summary.json").read_text())["files"][name]["rows"]
+    (run / name).unlink()
+    assert cli.main(["audit", str(run)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == (f"ldpsim: error: {run / name}: missing, although summary.json says the run wrote it ({rows:,} "
+                   "rows): the run directory was changed after the run"), err
+
+
+def test_a_table_the_run_did_not_write_cannot_be_audited(tmp_path, capsys) -> None:
+    """Without its ledger rows (--no-ledger-rows), as summary.json says: the audit cannot run (exit 2), and
+    says why."""
+    run = tmp_path / "run"
+    assert cli.main(["run", "quickstart", "--set", "population.devices=300", "--set", "rounds=2", "--quiet",
+                     "--no-ledger-rows", "--transcript", "always", "--out", str(run)]) == 0
+    capsys.readouterr()
+    assert cli.main(["audit", str(run)]) == 2
+    assert "ledger.parquet: missing (the run was written with --no-ledger-rows)" in capsys.readouterr().err
 
 
 def test_a_run_directory_naming_code_is_not_loaded_without_allow_code(tmp_path, clean_runs, capsys) -> None:
