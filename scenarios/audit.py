@@ -29,6 +29,9 @@ the directory cannot know which devices will be replayed. Then it compares:
   within-pattern max from the ledger's totals; and, where every device was replayed, ``refusals`` and
   ``ignored_messages`` with the reference devices' own counts (reports the budget refused, collector
   messages refused);
+- what summary.json says of the run that scenario.json gives (``summary_claim``): name, devices, rounds,
+  cohort size, unit, ``errors_of`` and every protocol parameter; the rest (error figures, messages, timings,
+  attack metrics) is listed in audit.json's ``not_checked`` with the files the audit does not read;
 - the transcript digest recomputed from transcript.parquet with summary.json's ``digests.transcript``
   (``transcript_digest``), and the ledger rows digest recomputed from ledger.parquet with
   ``digests.ledger_rows`` (``ledger_digest``: it covers the charges' times too, which no other check reads).
@@ -921,6 +924,7 @@ def check_claims(files: RunFiles, guarantee: float, budget: float | None, totals
             promised["eps_delta"].pop(key, None)
     claims = _promised_claims(privacy, promised)
     claims.append(("round_epsilon_max", files.summary.get("round_epsilon_max"), float(sc.protocol.round_epsilon)))
+    claims += _scenario_claims(files.summary, sc)
     if files.ledger_source == "ledger.parquet":
         max_spend = float(totals.max()) if totals.size else 0.0
         epsilon = files.summary.get("epsilon")
@@ -951,13 +955,62 @@ def check_claims(files: RunFiles, guarantee: float, budget: float | None, totals
     for key, said, true in claims:
         if isinstance(true, (bool, np.bool_)):  # a verdict: only true or false will do
             wrong = not isinstance(said, bool) or said != bool(true)
-        elif isinstance(true, str) or true is None or said is None:
+        elif isinstance(true, (str, list, dict)) or true is None or said is None:
             wrong = said != true
         else:  # a number: not a boolean standing in for 0 or 1
             wrong = (isinstance(said, bool) or not isinstance(said, (int, float))
                      or not _close(np.array([float(said)]), np.array([float(true)]))[0])
         if wrong:
             findings.add("summary_claim", key=key, summary=said, recomputed=true)
+
+
+def _scenario_claims(summary: dict, sc: Scenario) -> list[tuple[str, Any, Any]]:
+    """What summary.json says of the run that scenario.json alone gives (``summary_claim`` when it differs):
+    its name, population, rounds, cohort size and unit, every protocol parameter as the run used it (``parameters.epsilon``
+    0.5 on a run at 1 reads as a privacy claim), and what its error figures are errors of."""
+    from scenarios.metrics import error_of
+    from scenarios.runner import protocol_parameters
+
+    used = json.loads(jsonout.dumps({**protocol_parameters(sc.protocol), "round_epsilon": sc.protocol.round_epsilon}))
+    said = summary.get("parameters")
+    said = said if isinstance(said, dict) else {}
+    claims: list[tuple[str, Any, Any]] = [("scenario", summary.get("scenario"), sc.name),
+                                          ("devices", summary.get("devices"), sc.devices),
+                                          ("rounds", summary.get("rounds"), sc.rounds),
+                                          ("cohort_size", summary.get("cohort_size"), sc.simulation.cohort_size)]
+    if "unit" in summary:  # (runs before summaries said it have none)
+        claims.append(("unit", summary.get("unit"), sc.unit))
+    if "errors_of" in summary:
+        claims.append(("errors_of", summary.get("errors_of"), error_of(sc.protocol, sc.unit)))
+    claims += [(f"parameters.{k}", said.get(k), v) for k, v in used.items()]
+    claims += [(f"parameters.{k}", v, None) for k, v in said.items() if k not in used]  # one the run had not
+    return claims
+
+
+#: summary.json's entries the audit recomputes or compares, in whole (the others are listed in audit.json's
+#: ``not_checked``): identity, parameters and privacy figures; of ``digests`` and ``reports`` the parts below
+CHECKED_SUMMARY = {"scenario", "protocol", "seed", "runtime", "devices", "rounds", "cohort_size", "unit", "errors_of",
+                   "parameters", "epsilon", "round_epsilon_max", "privacy"}
+CHECKED_PARTS = {"digests": {"transcript", "ledger_rows"}, "reports": {"accepted"}}
+#: the run directory's files the audit reads
+CHECKED_FILES = {"scenario.json", "summary.json", "downlink.jsonl", "events.jsonl", "transcript.parquet",
+                 "ledger.parquet", "spend.parquet", "audit.json"}
+
+
+def not_checked(files: RunFiles, counted: bool) -> dict[str, list[str]]:
+    """audit.json ``not_checked``: summary.json's entries the audit neither recomputes nor compares (the
+    utility figures: errors, messages, timings, attacks ...; ``counted``: whether the devices' counters were),
+    and the files of the run directory it does not read (convenience copies and pictures)."""
+    summary = files.summary
+    keys = [k for k in summary if k not in CHECKED_SUMMARY and k not in CHECKED_PARTS]
+    for k, parts in CHECKED_PARTS.items():
+        if isinstance(summary.get(k), dict):
+            keys += [f"{k}.{sub}" for sub in summary[k] if sub not in parts]
+    if not counted:
+        keys += [f"privacy.{k}" for k in ("refusals", "ignored_messages") if k in summary.get("privacy", {})]
+    names = sorted(p.name for p in files.run_dir.iterdir() if p.is_file() and p.name not in CHECKED_FILES
+                   and not p.name.startswith("."))
+    return {"summary": keys, "files": names}
 
 
 def check_counters(files: RunFiles, rep: Replay, everyone: bool, findings: Findings) -> dict:
@@ -1052,6 +1105,7 @@ def audit(run_dir: Path | str, devices: int | str | None = None, ledgers: Sequen
         "counters": counters,
         "transcript_digest": {"recomputed": digest, "summary": files.summary["digests"]["transcript"]},
         "ledger_digest": ledger_digest,
+        "not_checked": not_checked(files, all(c["checked"] for c in counters.values())),
         "mismatches": mismatches,
         "verdict": "clean" if not mismatches else "failed",
         "seconds": round(time.perf_counter() - t0, 3),

@@ -441,7 +441,7 @@ def test_device_shard_ledgers(tmp_path, clean_runs) -> None:
     pq.write_table(table.filter(odd), paths[0])
     pq.write_table(table.filter(pa.compute.invert(odd)), paths[1])
     (run / "ledger.parquet").unlink()
-    assert cli.main(["audit", str(run)]) == 2
+    assert cli.main(["audit", str(run)]) == 1  # summary.json says the run wrote it: the directory was changed
     record = audit.audit(run, ledgers=paths, write=False)
     assert record["verdict"] == "clean" and record["charges_checked"]["source"] == "2 device shard ledger(s)"
     record = audit.audit(run, ledgers=paths[:1], write=False)
@@ -574,6 +574,40 @@ def test_every_published_privacy_figure_is_recomputed(tmp_path, clean_runs) -> N
     record = audit.audit(run, write=False)
     assert kinds(record) == {"summary_claim"}
     assert record["mismatches"]["summary_claim"]["count"] == 6
+
+
+@pytest.mark.parametrize("edit, key", [
+    (lambda s: s["parameters"].update(epsilon=0.5), "parameters.epsilon"),  # found by a new user: it passed
+    (lambda s: s["parameters"].update(granularity=60.0), "parameters.granularity"),
+    (lambda s: s["parameters"].update(sneaky=1), "parameters.sneaky"),
+    (lambda s: s.update(devices=5), "devices"),
+    (lambda s: s.update(rounds=2), "rounds"),
+    (lambda s: s.update(scenario="another"), "scenario"),
+    (lambda s: s.update(unit="hours"), "unit"),
+    (lambda s: s.update(errors_of="of each bucket's frequency"), "errors_of"),
+])
+def test_what_summary_json_says_of_the_scenario_is_checked(tmp_path, clean_runs, edit, key) -> None:
+    """summary.json's parameters and identity against scenario.json: an edited one is a summary_claim."""
+    run = _copy(clean_runs["quickstart"], tmp_path / "run")
+    summary = json.loads((run / "summary.json").read_text())
+    edit(summary)
+    (run / "summary.json").write_text(json.dumps(summary))
+    record = audit.audit(run, devices=50, sample_seed=1)
+    assert record["verdict"] == "failed"
+    assert [e["key"] for e in record["mismatches"]["summary_claim"]["examples"]] == [key]
+
+
+def test_audit_json_lists_what_the_audit_does_not_check(tmp_path, clean_runs) -> None:
+    """The utility figures (errors, messages, timings) and the convenience files are not checked: audit.json
+    says which, so that "clean" is not read as covering them; a sample leaves the devices' counters unchecked."""
+    run = _copy(clean_runs["quickstart"], tmp_path / "run")
+    whole = audit.audit(run, devices="all")["not_checked"]
+    assert {"error", "messages", "wall_seconds", "digests.estimates", "reports.lost"} <= set(whole["summary"])
+    assert not {"parameters", "privacy", "epsilon", "devices", "digests.transcript"} & set(whole["summary"])
+    assert {"estimates.csv", "spend_over_time.csv"} <= set(whole["files"])
+    assert not {"ledger.parquet", "transcript.parquet", "summary.json"} & set(whole["files"])
+    sample = audit.audit(run, devices=20, sample_seed=3)["not_checked"]
+    assert set(sample["summary"]) - set(whole["summary"]) == {"privacy.refusals", "privacy.ignored_messages"}
 
 
 def test_forged_eps_delta_figures_fail(tmp_path) -> None:
