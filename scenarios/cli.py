@@ -840,7 +840,8 @@ def _command(args: argparse.Namespace) -> int:
         print(f"ldpsim: error: {exc}", file=sys.stderr)
         return int(getattr(exc, "status", 2))  # 2, or 1 for an audited run directory changed after the run
     except BehaviorError as exc:  # a scripted behavior that failed during the run (agents/behavior.py)
-        print(f"ldpsim: error: behavior: {exc}", file=sys.stderr)
+        text = str(exc)  # (named "behavior" once: its key, population.groups[i].behavior, usually says it)
+        print(f"ldpsim: error: {text if 'behavior' in text.split(':')[0] else 'behavior: ' + text}", file=sys.stderr)
         return 2
     except BudgetOverrun as exc:  # a device side (a plugin's) that charged past the budget: stopped, not sent
         print(f"ldpsim: error: privacy: {exc}", file=sys.stderr)

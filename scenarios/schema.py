@@ -150,6 +150,9 @@ def load_data(spec: str, field_name: str) -> np.ndarray:
         *(b / spec for b in BASE_DIR[-1:]), Path(spec), DATA_DIR / spec, DATA_DIR / Path(spec).name]
     path = next((c.resolve() for c in candidates if c.is_file()), None)
     if path is None:
+        folder = next((c for c in candidates if c.is_dir()), None)
+        if folder is not None:
+            raise ScenarioError(f"{field_name}: {spec!r} is a directory, not a data file ({folder})")
         raise ScenarioError(f"{field_name}: no data file {spec!r} (looked beside the scenario and in {DATA_DIR})")
     if path not in _DATA_CACHE:
         try:
@@ -176,7 +179,9 @@ def load_data(spec: str, field_name: str) -> np.ndarray:
         if data.shape[1] > 1:
             raise ScenarioError(f"{field_name}: {spec!r} must hold one number per line, not {data.shape[1]} columns")
         data = data.ravel()
-        if data.size == 0 or not np.all(np.isfinite(data)) or data.min() < 0:
+        if data.size == 0:
+            raise ScenarioError(f"{field_name}: {spec!r} is empty: a data set needs one number per line")
+        if not np.all(np.isfinite(data)) or data.min() < 0:
             raise ScenarioError(f"{field_name}: {spec!r} must hold finite non-negative numbers, one per line")
         data.setflags(write=False)
         _DATA_CACHE[path] = data

@@ -398,7 +398,7 @@ def test_a_behavior_failing_mid_run_is_a_one_line_error(tmp_path, monkeypatch, c
                  'population.groups.0.behavior="explodes_late:explode"', "--out", str(tmp_path / "run"), "--quiet"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2
-    assert err[-1].startswith("ldpsim: error: behavior: population.groups[0].behavior: behavior explodes_late")
+    assert err[-1].startswith("ldpsim: error: population.groups[0].behavior: behavior explodes_late")
     assert "round 3" in err[-1] and "boom" in err[-1]
     assert not any("Traceback" in line for line in err)
 

@@ -584,7 +584,8 @@ def test_a_span_world_refuses_devices_it_does_not_hold():
     ("bad.txt.gz", b"\x1f\x8b\x08\x00garbagegarbage", "is not one number per line"),
     ("two.txt", b"1 2\n3 4\n", "must hold one number per line, not 2 columns"),
     ("one-line.txt", b"1 2\n", "must hold one number per line, not 2 columns"),
-    ("empty.txt", b"# nothing\n\n", "must hold finite non-negative numbers"),
+    ("empty.txt", b"# nothing\n\n", "is empty: a data set needs one number per line"),
+    ("folder", None, "is a directory, not a data file"),
     ("neg.txt", b"1\n-2\n", "must hold finite non-negative numbers"),
 ])
 def test_a_bad_data_file_is_one_line_naming_it(tmp_path, recwarn, name, content, says):
@@ -594,7 +595,10 @@ def test_a_bad_data_file_is_one_line_naming_it(tmp_path, recwarn, name, content,
 
     path = tmp_path / name
     numbers = "".join(f"{i}\n" for i in range(1, 1001)).encode()
-    path.write_bytes(gzip.compress(numbers)[:200] if content == "gzip-truncated" else content)
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_bytes(gzip.compress(numbers)[:200] if content == "gzip-truncated" else content)
     counter = f'population.groups.0.counter={{dist="data", path="{path}"}}'
     with pytest.raises(ScenarioError, match=r"^population\.groups\[0\]\.counter\.path: ") as exc:
         load("quickstart", [counter])
