@@ -510,45 +510,47 @@ def replay(files: RunFiles, ids: np.ndarray, progress: bool = False) -> Replay:
 
         bar = tqdm(total=last_day + len(files.downlink), unit="step", desc=f"auditing {len(id_list):,} devices",
                    file=sys.stderr, dynamic_ncols=True)
-    for day in range(1, last_day + 1):
-        world.advance_to(day)
-        present = world.present(ids)
-        here = everyone if present is None else present.tolist()
-        values: list | None = None
-        if epoch:
-            for dev, x, h in zip(devices, world.values(ids)[0].tolist(), here):
-                dev.observe(day, x, h)
-            values = [None] * len(id_list)  # epoch protocols report what they observed
-        for k in by_day.get(day, ()):
-            msg, sent = files.downlink[k], files.times[k]
-            if not decodable[k]:
+    try:  # (a reference model that raises: the bar closed before its one line)
+        for day in range(1, last_day + 1):
+            world.advance_to(day)
+            present = world.present(ids)
+            here = everyone if present is None else present.tolist()
+            values: list | None = None
+            if epoch:
+                for dev, x, h in zip(devices, world.values(ids)[0].tolist(), here):
+                    dev.observe(day, x, h)
+                values = [None] * len(id_list)  # epoch protocols report what they observed
+            for k in by_day.get(day, ()):
+                msg, sent = files.downlink[k], files.times[k]
+                if not decodable[k]:
+                    if bar is not None:
+                        bar.update(1)
+                    continue
+                now = sent + net.latency  # a broadcast reaches the devices after the base latency
+                device_day = int(now // sc.simulation.round_seconds) + 1
+                got = here
+                if net.downlink_loss > 0 and simulated:  # keyed per (round, kind, device), as agents/cohort.py draws it
+                    u = keyed.uniform(stream_key(sc.seed, Purpose.DOWNLINK, msg.round, KINDS[msg.TYPE]), ids)
+                    got = [h and r for h, r in zip(here, (u >= net.downlink_loss).tolist())]
+                if values is None:
+                    values = world.values(ids)[0].tolist()
+                for dev, i, x, g in zip(devices, id_list, values, got):
+                    rep, charges = dev.on_message(msg, device_day, x, g, now)
+                    if rep is not None:
+                        stages[rep.stage].add(i, rep.round, k, rep.columns)
+                    for c in charges:
+                        if c.cumulative:
+                            ch_dev.append(i)
+                            ch_round.append(c.round)
+                            ch_reason.append(reasons.setdefault(c.reason, len(reasons)))
+                            ch_amount.append(c.amount)
                 if bar is not None:
                     bar.update(1)
-                continue
-            now = sent + net.latency  # a broadcast reaches the devices after the base latency
-            device_day = int(now // sc.simulation.round_seconds) + 1
-            got = here
-            if net.downlink_loss > 0 and simulated:  # keyed per (round, kind, device), as agents/cohort.py draws it
-                u = keyed.uniform(stream_key(sc.seed, Purpose.DOWNLINK, msg.round, KINDS[msg.TYPE]), ids)
-                got = [h and r for h, r in zip(here, (u >= net.downlink_loss).tolist())]
-            if values is None:
-                values = world.values(ids)[0].tolist()
-            for dev, i, x, g in zip(devices, id_list, values, got):
-                rep, charges = dev.on_message(msg, device_day, x, g, now)
-                if rep is not None:
-                    stages[rep.stage].add(i, rep.round, k, rep.columns)
-                for c in charges:
-                    if c.cumulative:
-                        ch_dev.append(i)
-                        ch_round.append(c.round)
-                        ch_reason.append(reasons.setdefault(c.reason, len(reasons)))
-                        ch_amount.append(c.amount)
             if bar is not None:
                 bar.update(1)
+    finally:
         if bar is not None:
-            bar.update(1)
-    if bar is not None:
-        bar.close()
+            bar.close()
     spent = np.array([d.spent for d in devices], dtype=np.float64)
     return Replay(stages, (ch_dev, ch_round, list(reasons), ch_reason, ch_amount), spent, time_left,
                   len(files.downlink), sum(d.refusals for d in devices), sum(d.ignored for d in devices))
