@@ -10,16 +10,18 @@ The collector stores no per-device state: it derives ``k_d`` from ``S`` when it 
 
 **Hello.** When the collector has a secret, its first frame on every connection is a ``Challenge`` with a fresh
 32-byte random nonce ``N``. The client's ``Hello`` for devices ``d_1 < d_2 < ... < d_n`` (n >= 1) carries
-``mac = probe || full`` (64 bytes), where, with
+``mac = probe || sample || full`` (16 + 16 + 32 = 64 bytes), where, with
 ``M = "ldpsim/hello/v1" || N || uint32_be(round) || protocol || 0x00 || SHA256(uint64_be(d_1..d_n))``,
 
-    full  = HMAC-SHA256(k_{d_1} || k_{d_2} || ... || k_{d_n}, M)
-    probe = HMAC-SHA256(k_{d_j}, "ldpsim/probe/v1" || M),   j = uint64_be(SHA256("ldpsim/probe/v1" || M)[:8]) mod n
+    probe  = HMAC-SHA256(k_{d_j}, "ldpsim/probe/v1" || M)[:16],   j = uint64_be(SHA256("ldpsim/probe/v1" || M)[:8]) mod n
+    sample = HMAC-SHA256(k_{d_s1} || ... || k_{d_s64}, "ldpsim/sample/v1" || M)[:16],
+             s_i = (the i-th big-endian uint64 of SHAKE256("ldpsim/sample/v1" || M, 512 bytes)) mod n
+    full   = HMAC-SHA256(k_{d_1} || k_{d_2} || ... || k_{d_n}, M)
 
 ``full`` is keyed with the concatenation of the connection's device credentials (HMAC hashes a key longer than
-its 64-byte block: the key is then SHA256 of the concatenation). The collector recomputes both from ``S`` and
-compares in constant time (:func:`hmac.compare_digest`), the probe first: one credential, so that a forged
-Hello costs it one derivation whatever the number of ids it names.
+its 64-byte block: the key is then SHA256 of the concatenation), ``sample`` with those of 64 positions drawn
+from the message (with repetition). The collector recomputes the three from ``S`` and compares in constant time
+(:func:`hmac.compare_digest`), in that order, stopping at the first that differs.
 
 - *Binds the ids:* the key holds every named device's credential, in order, and the message holds their digest;
   a Hello for other or more devices needs their credentials. Knowing some devices' credentials gives nothing
@@ -28,13 +30,15 @@ Hello costs it one derivation whatever the number of ids it names.
   verify on another; a connection takes one Hello only.
 - *Cost:* the collector computes one HMAC per named device (about 1.5 us: 1.5 s for a million devices, once
   per connection's Hello, in constant memory) and the client the same once at start. The collector checks
-  ids cheaply first (range and duplicates), so that an unauthenticated peer cannot make it derive keys for
-  ids the checks refuse, and refuses a first frame longer than a Hello of its whole population; it verifies
-  one Hello at a time, off its event loop, and only then says whether another connection holds the devices
-  (collector/server.py). The probe stops a forged Hello after one derivation (and a SHA256 of its ids):
-  without credentials a peer cannot make the collector derive the other n - 1, and a peer holding one
-  device's credential must find, by trying Hellos, one whose ``j`` lands on its device (1 in n), which costs
-  it about as much as it costs the collector.
+  ids cheaply first (range and duplicates), so that an unauthenticated peer cannot make it derive keys for ids
+  the checks refuse, and refuses a first frame longer than a Hello of its whole population; it verifies one Hello at a time, off its event loop, and only then says whether
+  another connection holds the devices (collector/server.py).
+- *A forged Hello costs little:* without credentials it is refused after one derivation (the probe), however
+  many ids it names. A peer holding the credentials of a share f of the ids it names passes the probe with
+  probability f and the sample with f^64 (about 5e-20 at f = 1/2), which it cannot raise by grinding nonces,
+  rounds or id sets offline: a forged Hello costs the collector 65 derivations, never the n of the full MAC,
+  unless the peer holds nearly all of the credentials it names (f = 0.99 passes 1 Hello in 2: then the n
+  devices are nearly all its own).
 
 Without TLS the rest of the connection is not integrity-protected: an on-path attacker could inject frames
 into an authenticated connection. Use ``--tls-cert``/``--tls-key`` (server) and ``--tls-ca`` (client) where the
@@ -52,11 +56,14 @@ from pathlib import Path
 
 import numpy as np
 
-from protocols.wire import MAC_BYTES  # a Hello's probe || full MAC: 2 x KEY_BYTES
+from protocols.wire import MAC_BYTES  # a Hello's probe || sample || full MAC: 16 + 16 + 32 bytes
 
 DEVICE_CONTEXT = b"ldpsim/device/v1"  # 16 bytes
 HELLO_CONTEXT = b"ldpsim/hello/v1"
 PROBE_CONTEXT = b"ldpsim/probe/v1"
+SAMPLE_CONTEXT = b"ldpsim/sample/v1"
+SAMPLE = 64  # credentials that key the sample MAC
+CHECK_BYTES = 16  # the probe's and the sample's MACs, truncated
 MIN_SECRET_BYTES = 16
 KEY_BYTES = 32
 
@@ -126,15 +133,26 @@ def probe_index(message: bytes, n: int) -> int:
     return int.from_bytes(hashlib.sha256(PROBE_CONTEXT + message).digest()[:8], "big") % n
 
 
+def sample_indices(message: bytes, n: int) -> np.ndarray:
+    """The :data:`SAMPLE` positions (with repetition) among the Hello's ``n`` ids whose credentials key the
+    sample MAC, drawn from the whole Hello message."""
+    return np.frombuffer(hashlib.shake_256(SAMPLE_CONTEXT + message).digest(8 * SAMPLE), dtype=">u8") % np.uint64(n)
+
+
 def hello_mac(keys: bytes, nonce: bytes, round_: int, protocol: str, ids: np.ndarray) -> bytes:
-    """The Hello's MAC, probe || full (:data:`MAC_BYTES`), from the named devices' concatenated credentials
-    ``keys`` (see the module docstring)."""
+    """The Hello's MAC, probe || sample || full (:data:`MAC_BYTES`), from the named devices' concatenated
+    credentials ``keys`` (see the module docstring)."""
     if not keys:
         raise ValueError("a Hello names at least one device")
     message = hello_message(nonce, round_, protocol, ids)
-    j = probe_index(message, len(keys) // KEY_BYTES)
-    probe = hmac.digest(keys[j * KEY_BYTES:(j + 1) * KEY_BYTES], PROBE_CONTEXT + message, "sha256")
-    return probe + hmac.digest(keys, message, "sha256")
+
+    def keys_of(positions: np.ndarray) -> bytes:
+        return b"".join(keys[int(j) * KEY_BYTES:(int(j) + 1) * KEY_BYTES] for j in positions)
+
+    n = len(keys) // KEY_BYTES
+    probe = hmac.digest(keys_of(np.array([probe_index(message, n)])), PROBE_CONTEXT + message, "sha256")
+    sample = hmac.digest(keys_of(sample_indices(message, n)), SAMPLE_CONTEXT + message, "sha256")
+    return probe[:CHECK_BYTES] + sample[:CHECK_BYTES] + hmac.digest(keys, message, "sha256")
 
 
 #: ids whose credentials :func:`verify_hello` derives at a time (2 MB of keys)
@@ -145,17 +163,22 @@ def verify_hello(secret: bytes, nonce: bytes, round_: int, protocol: str, ids: n
                  mac: bytes | None) -> bool:
     """Whether ``mac`` is the Hello MAC for these devices under ``secret`` and this connection's ``nonce``.
 
-    In constant memory: HMAC replaces a key longer than its 64-byte block by the key's SHA256, so the
-    concatenated credentials are hashed as they are derived, :data:`VERIFY_CHUNK` ids at a time (a Hello of
-    millions of ids held gigabytes of keys at once). The probe is checked first, with one credential: a forged
-    Hello is refused after one derivation however many ids it names."""
+    The probe is checked first, with one credential (a Hello forged without credentials is refused after one
+    derivation however many ids it names), then the sample, with 64 (one forged by a peer holding some of
+    the credentials is refused there), then the full MAC, in constant memory: HMAC replaces a key longer than
+    its 64-byte block by the key's SHA256, so the concatenated credentials are hashed as they are derived,
+    :data:`VERIFY_CHUNK` ids at a time (a Hello of millions of ids held gigabytes of keys at once)."""
     if mac is None or len(ids) == 0 or len(mac) != MAC_BYTES:
         return False
     ids = np.asarray(ids)
     message = hello_message(nonce, round_, protocol, ids)
     j = probe_index(message, ids.size)
-    probe = hmac.digest(device_keys(secret, ids[j:j + 1]), PROBE_CONTEXT + message, "sha256")
-    if not hmac.compare_digest(probe, mac[:KEY_BYTES]):
+    probe = hmac.digest(device_keys(secret, ids[j:j + 1]), PROBE_CONTEXT + message, "sha256")[:CHECK_BYTES]
+    if not hmac.compare_digest(probe, mac[:CHECK_BYTES]):
+        return False
+    sample = hmac.digest(device_keys(secret, ids[sample_indices(message, ids.size)]), SAMPLE_CONTEXT + message,
+                         "sha256")[:CHECK_BYTES]
+    if not hmac.compare_digest(sample, mac[CHECK_BYTES:2 * CHECK_BYTES]):
         return False
     if ids.size * KEY_BYTES <= 64:  # a short key is used as it is
         keys = device_keys(secret, ids)
@@ -164,4 +187,4 @@ def verify_hello(secret: bytes, nonce: bytes, round_: int, protocol: str, ids: n
         for at in range(0, ids.size, VERIFY_CHUNK):
             digest.update(device_keys(secret, ids[at:at + VERIFY_CHUNK]))
         keys = digest.digest()
-    return hmac.compare_digest(hmac.digest(keys, message, "sha256"), mac[KEY_BYTES:])
+    return hmac.compare_digest(hmac.digest(keys, message, "sha256"), mac[2 * CHECK_BYTES:])

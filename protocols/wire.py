@@ -31,6 +31,7 @@ import math
 import re
 import struct
 import threading
+from typing import Any
 
 import msgpack
 import numpy as np
@@ -347,13 +348,22 @@ def decode(data: bytes, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
         raise WireError("message nested too deeply") from None
 
 
+def _unique_keys(pairs: list[tuple[Any, Any]]) -> dict:
+    """A map whose keys are all different: msgpack keeps the last of a repeated key, where another reader may
+    keep the first and read another message (a Hello's device list, its round); a repeated key is refused."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        raise WireError(f"a map repeats a key ({len(pairs)} entries, {len(out)} keys)")
+    return out
+
+
 def _decode(data: bytes, max_bytes: int) -> Message:
     _scan(data)
     try:
         obj = msgpack.unpackb(
             data, raw=False, strict_map_key=True, ext_hook=_ext_hook, use_list=True,
             max_str_len=1024, max_bin_len=0, max_array_len=1024,
-            max_map_len=64, max_ext_len=max_bytes,
+            max_map_len=64, max_ext_len=max_bytes, object_pairs_hook=_unique_keys,
         )
     except WireError:
         raise

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import hmac
 import io
 import json
 import os
@@ -205,6 +206,33 @@ def test_a_forged_hello_costs_one_derivation_however_many_ids_it_names(monkeypat
     # the probe's device moves with the nonce: a peer holding one device's credential cannot choose it
     positions = {auth.probe_index(auth.hello_message(bytes([k]) * 32, 1, PROTOCOL, ids), ids.size) for k in range(64)}
     assert len(positions) > 10
+
+
+def test_a_peer_holding_half_the_credentials_cannot_make_the_collector_derive_them_all(monkeypatch) -> None:
+    """An attacker's finding: with one probe credential, a peer holding the credentials of half the ids it
+    names landed the probe on its own device by grinding rounds offline (2 tries), and each such Hello made
+    the collector derive all n keys. The sample MAC, keyed by 64 credentials drawn from the message, stops it
+    after 65 derivations: over 2,000 ground Hellos the probe lands on the peer's devices about half the time,
+    the sample never lies wholly among them (probability 2^-64 a Hello), and no Hello costs more than 65."""
+    ids = np.arange(0, 2000)
+    mine = ids[ids % 2 == 0]  # the credentials the peer holds
+    keys = dict(zip(mine.tolist(), (auth.device_keys(SECRET, mine[i:i + 1]) for i in range(mine.size))))
+    derived: list[int] = []
+    real_keys = auth.device_keys
+    monkeypatch.setattr(auth, "device_keys", lambda secret, some: (derived.append(len(some)), real_keys(secret, some))[1])
+    nonce, landed, whole_sample = bytes(range(32)), 0, 0
+    for round_ in range(1, 2001):  # the peer grinds the round (any knob of the message would do)
+        message = auth.hello_message(nonce, round_, PROTOCOL, ids)
+        j = auth.probe_index(message, ids.size)
+        if int(ids[j]) not in keys:
+            continue
+        landed += 1
+        whole_sample += all(int(ids[s]) in keys for s in auth.sample_indices(message, ids.size))
+        probe = hmac.digest(keys[int(ids[j])], auth.PROBE_CONTEXT + message, "sha256")[:auth.CHECK_BYTES]
+        derived.clear()
+        assert not auth.verify_hello(SECRET, nonce, round_, PROTOCOL, ids, probe + bytes(48))
+        assert derived == [1, auth.SAMPLE]  # the probe passed, the sample did not: 65 keys, not 2,000
+    assert 900 < landed < 1100 and whole_sample == 0
 
 
 def test_a_hello_of_many_ids_is_verified_in_chunks_with_the_same_answer(monkeypatch) -> None:

@@ -846,3 +846,16 @@ def test_a_device_side_column_the_wire_cannot_carry_is_named_before_packing(colu
     with pytest.raises(DefinitionError) as err:
         encode(ReportBatch(1, "myproto", np.arange(4, dtype=np.uint64), {"y": column}))
     assert str(err.value) == f"myproto: the device side's report column 'y': {wrong}"
+
+
+def test_a_map_that_repeats_a_key_is_refused():
+    """msgpack keeps the last of a repeated key, where another reader may keep the first and read another
+    message (an attacker's note: a Hello padded with a second "devices", or a second "round"): refused."""
+    good = wire.encode(CollectionRequest(round=3, protocol="1bitmean", deadline=10.0))
+    body = msgpack.unpackb(good, raw=False, strict_map_key=False, ext_hook=lambda code, data: msgpack.ExtType(code, data))
+    assert wire.decode(good) == CollectionRequest(round=3, protocol="1bitmean", deadline=10.0)
+    items = list(body.items())
+    pairs = b"".join(msgpack.packb(k) + msgpack.packb(v) for k, v in items + [("round", 9)])
+    forged = bytes([0x80 | (len(items) + 1)]) + pairs  # a fixmap of one more entry: "round" twice
+    with pytest.raises(wire.WireError, match="a map repeats a key"):
+        wire.decode(forged)
