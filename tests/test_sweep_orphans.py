@@ -86,4 +86,7 @@ def test_a_terminated_sweep_stops_its_workers_names_what_it_kept_and_leaks_nothi
     assert lines[-1] == (f"ldpsim: terminated: {kept} of 80 run(s) are kept in {out / 'runs.jsonl'}; the same "
                          "command resumes with the rest"), err
     assert "leaked" not in err and "Traceback" not in err, err
+    deadline = time.monotonic() + 20  # (multiprocessing's resource tracker, a child too, exits after its parent)
+    while any(_alive(p) for p in workers) and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert not [p for p in workers if _alive(p)], "workers outlived the terminated sweep"
