@@ -13,7 +13,8 @@ The collector stores no per-device state: it derives ``k_d`` from ``S`` when it 
 ``mac = probe || sample || full`` (16 + 16 + 32 = 64 bytes), where, with
 ``M = "ldpsim/hello/v1" || N || uint32_be(round) || protocol || 0x00 || SHA256(uint64_be(d_1..d_n))``,
 
-    probe  = HMAC-SHA256(k_{d_j}, "ldpsim/probe/v1" || M)[:16],   j = uint64_be(SHA256("ldpsim/probe/v1" || M)[:8]) mod n
+    probe  = HMAC-SHA256(k_{d_j}, "ldpsim/probe/v1" || M)[:16],
+             j = uint64_be(SHA256("ldpsim/probe/v1" || M)[:8]) mod n
     sample = HMAC-SHA256(k_{d_s1} || ... || k_{d_s64}, "ldpsim/sample/v1" || M)[:16],
              s_i = (the i-th big-endian uint64 of SHAKE256("ldpsim/sample/v1" || M, 512 bytes)) mod n
     full   = HMAC-SHA256(k_{d_1} || k_{d_2} || ... || k_{d_n}, M)
@@ -31,8 +32,9 @@ from the message (with repetition). The collector recomputes the three from ``S`
 - *Cost:* the collector computes one HMAC per named device (about 1.5 us: 1.5 s for a million devices, once
   per connection's Hello, in constant memory) and the client the same once at start. The collector checks
   ids cheaply first (range and duplicates), so that an unauthenticated peer cannot make it derive keys for ids
-  the checks refuse, and refuses a first frame longer than a Hello of its whole population; it verifies one Hello at a time, off its event loop, and only then says whether
-  another connection holds the devices (collector/server.py).
+  the checks refuse, and refuses a first frame longer than a Hello of its whole population; it verifies one
+  Hello at a time, off its event loop, and only then says whether another connection holds the devices
+  (collector/server.py).
 - *A forged Hello costs little:* without credentials it is refused after one derivation (the probe), however
   many ids it names. A peer holding the credentials of a share f of the ids it names passes the probe with
   probability f and the sample with f^64 (about 5e-20 at f = 1/2), which it cannot raise by grinding nonces,

@@ -968,8 +968,9 @@ def check_claims(files: RunFiles, guarantee: float, budget: float | None, totals
 
 def _scenario_claims(summary: dict, sc: Scenario) -> list[tuple[str, Any, Any]]:
     """What summary.json says of the run that scenario.json alone gives (``summary_claim`` when it differs):
-    its name, population, rounds, cohort size and unit, every protocol parameter as the run used it (``parameters.epsilon``
-    0.5 on a run at 1 reads as a privacy claim), and what its error figures are errors of."""
+    its name, population, rounds, cohort size and unit, every protocol parameter as the run used it
+    (``parameters.epsilon`` 0.5 on a run at 1 reads as a privacy claim), and what its error figures are errors
+    of."""
     from scenarios.metrics import error_of
     from scenarios.runner import protocol_parameters
 

@@ -16,8 +16,8 @@ from pathlib import Path
 OWN = tuple(str(Path(__file__).resolve().parent.parent / p) + os.sep
             for p in ("protocols", "agents", "collector", "scenarios"))
 #: the libraries ldpsim runs user code through (their frames are not the user's)
-LIBRARIES = ("numpy", "numba", "llvmlite", "simpy", "msgpack", "pyarrow", "structlog", "ray", "distributed", "matplotlib",
-             "tqdm", "scipy", "pandas", "dp_accounting")
+LIBRARIES = ("numpy", "numba", "llvmlite", "simpy", "msgpack", "pyarrow", "structlog", "ray", "distributed",
+             "matplotlib", "tqdm", "scipy", "pandas", "dp_accounting")
 #: the note the runner adds to an exception raised during a simulated run
 ROUND_NOTE = "ldpsim: during round "
 
@@ -31,6 +31,11 @@ def _not_users() -> tuple[str, ...]:
     return OWN + tuple(d.rstrip(os.sep) + os.sep for d in dirs)
 
 
+def _users(filename: str, skip: tuple[str, ...]) -> bool:
+    """Whether a traceback's file is a user's: a real file outside ldpsim and the libraries (``skip``)."""
+    return not filename.startswith("<") and not os.path.abspath(filename).startswith(skip)
+
+
 def user_frame(exc: BaseException) -> traceback.FrameSummary | None:
     """The innermost frame in a user's code of ``exc``'s traceback or of the exceptions it was raised from
     (SimPy re-raises a process's exception from a copy), the deepest first; None: raised in ldpsim or a
@@ -41,8 +46,7 @@ def user_frame(exc: BaseException) -> traceback.FrameSummary | None:
         chain.append(exc)
         exc = exc.__cause__  # type: ignore[assignment]
     for link in reversed(chain):
-        frames = [f for f in traceback.extract_tb(link.__traceback__)
-                  if not f.filename.startswith("<") and not os.path.abspath(f.filename).startswith(skip)]
+        frames = [f for f in traceback.extract_tb(link.__traceback__) if _users(f.filename, skip)]
         if frames:
             return frames[-1]
     return None
@@ -55,8 +59,7 @@ def describe_text(traceback_text: str, exc: BaseException) -> str | None:
     """:func:`describe` from a traceback as text (a Ray actor's, whose frames do not travel): its innermost
     ``File ..., line ..., in ...`` in a user's code, with ``exc``'s type and message."""
     skip = _not_users()
-    found = [m for m in _FILE_LINE.finditer(traceback_text)
-             if not m["file"].startswith("<") and not os.path.abspath(m["file"]).startswith(skip)]
+    found = [m for m in _FILE_LINE.finditer(traceback_text) if _users(m["file"], skip)]
     if not found:
         return None
     m = found[-1]

@@ -23,7 +23,7 @@ import numpy as np
 from protocols import config, keyed
 from protocols.baselines import FreshDevices
 from protocols.collecting import Column, ReportCollector
-from protocols.guard import Guarantee
+from protocols.guard import Guarantee, Limits
 from protocols.keyed import Purpose, stream_key
 from protocols.ledger import FRESH_REPORT
 from protocols.reference import ReferenceDevice, Report, clip, key, uniform1
@@ -104,7 +104,7 @@ class RRMeanParams:
         f = float(np.mean((1 - p) + (2 * p - 1) * np.clip(values, 0.0, self.max_value) / self.max_value))
         return self.max_value * math.sqrt(f * (1 - f) / max(reports, 1)) / (2 * p - 1)
 
-    def make_devices(self, seed: int, device_ids: np.ndarray, limits=None) -> RRMeanDevices:  # type: ignore[no-untyped-def]
+    def make_devices(self, seed: int, device_ids: np.ndarray, limits: Limits | None = None) -> RRMeanDevices:
         return RRMeanDevices(self, seed, device_ids, limits)
 
     def make_collector(self, n_devices: int) -> RRMeanCollector:
