@@ -6,8 +6,8 @@ reveals and privacy caps. Each collector message is answered by every cohort (re
 an empty batch that acknowledges the stage. The devices' own day advances with the rounds asked for (each
 day observed once, in order), and ``now`` is the scenario's nominal time, as in the simulator.
 
-With a deployment secret the client derives its devices' credentials once (protocols.auth), waits for the
-collector's ``Challenge`` on every connection and answers it with an authenticated ``Hello``. With a TLS
+With its devices' credentials (``credentials``: read from the shard's credentials file; or derived once
+from a deployment ``secret``, protocols.auth) the client waits for the collector's ``Challenge`` on every connection and answers it with an authenticated ``Hello``. With a TLS
 context it connects over TLS (the collector's certificate checked against it).
 """
 
@@ -69,7 +69,7 @@ class DeviceClient:
                  limits: Limits | None = None, secret: bytes | None = None, tls: ssl.SSLContext | None = None,
                  server_hostname: str | None = None, challenge_timeout: float = 30.0,
                  scenario: bytes | None = None, frame_timeout: float = FRAME_TIMEOUT,
-                 round_seconds: float | None = None) -> None:
+                 round_seconds: float | None = None, credentials: auth.Credentials | None = None) -> None:
         self.params, self.world, self.ledger = params, world, ledger
         self.deadline, self.latency = float(deadline), float(latency)
         self.host, self.port, self.backoff, self.max_frame = host, int(port), backoff, max_frame
@@ -80,8 +80,10 @@ class DeviceClient:
         self.round_seconds = None if round_seconds is None else float(round_seconds)
         ids = np.asarray(device_ids, dtype=np.int64)
         self.ids = ids
-        # the devices' credentials, concatenated (derived once: the secret itself is not kept)
-        self._keys = auth.device_keys(secret, ids) if secret is not None else None
+        # the devices' credentials, concatenated (from the shard's credentials, or derived once from a secret,
+        # which is not kept)
+        self._keys = (credentials.keys_of(ids) if credentials is not None
+                      else auth.device_keys(secret, ids) if secret is not None else None)
         self.tls, self.server_hostname, self.challenge_timeout = tls, server_hostname, challenge_timeout
         self.scenario = scenario  # the fingerprint its Hellos carry (None: none, as older clients)
         self.limits = limits or Limits()

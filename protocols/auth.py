@@ -42,6 +42,19 @@ from the message (with repetition). The collector recomputes the three from ``S`
   unless the peer holds nearly all of the credentials it names (f = 0.99 passes 1 Hello in 2: then the n
   devices are nearly all its own).
 
+**Credentials files.** A process hosting a shard of the devices needs their ``k_d`` only, never ``S``: the
+operator writes each shard's credentials to a file (``ldpsim credentials``) and the shard reads that
+(``ldpsim devices --credentials``), so that a compromised shard can speak for its own devices and no other.
+The file is, in order (:func:`pack_credentials`):
+
+    magic "ldpsim/creds/v1\n" (16 bytes) || uint64_be(first id) || uint64_be(count) || key id (8 bytes)
+    || k_first || ... || k_(first + count - 1) (32 bytes each) || SHA256(all the bytes before)
+
+The key id, ``HMAC-SHA256(S, "ldpsim/key-id/v1")[:8]``, names the secret without revealing it: ``serve`` and
+``devices`` print it, so that credentials of another deployment are told apart from a forged Hello at a glance.
+The trailing digest catches a truncated or damaged file (it is not a signature: the collector's MAC check is
+what refuses credentials that are not the devices' own).
+
 Without TLS the rest of the connection is not integrity-protected: an on-path attacker could inject frames
 into an authenticated connection. Use ``--tls-cert``/``--tls-key`` (server) and ``--tls-ca`` (client) where the
 path between devices and collector is not trusted.
@@ -55,6 +68,8 @@ import os
 import stat
 import struct
 from pathlib import Path
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -70,8 +85,19 @@ MIN_SECRET_BYTES = 16
 KEY_BYTES = 32
 
 
+CREDENTIALS_MAGIC = b"ldpsim/creds/v1\n"
+KEY_ID_CONTEXT = b"ldpsim/key-id/v1"
+KEY_ID_BYTES = 8
+#: a credentials file's bytes beside its keys: magic, first id, count, key id, and the trailing SHA256
+CREDENTIALS_OVERHEAD = len(CREDENTIALS_MAGIC) + 8 + 8 + KEY_ID_BYTES + 32
+
+
 class SecretError(ValueError):
     """An unusable secret file (missing, unreadable, too short)."""
+
+
+class CredentialsError(ValueError):
+    """An unusable credentials file (not one, truncated, damaged)."""
 
 
 #: the largest secret file read (a secret is 16 bytes and up; /dev/zero would be read for ever)
@@ -190,3 +216,78 @@ def verify_hello(secret: bytes, nonce: bytes, round_: int, protocol: str, ids: n
             digest.update(device_keys(secret, ids[at:at + VERIFY_CHUNK]))
         keys = digest.digest()
     return hmac.compare_digest(hmac.digest(keys, message, "sha256"), mac[2 * CHECK_BYTES:])
+
+
+def key_id(secret: bytes) -> str:
+    """The secret's key id in hex (16 digits): ``HMAC-SHA256(S, "ldpsim/key-id/v1")[:8]``, which names the
+    deployment secret in logs and credentials files without revealing it."""
+    return hmac.digest(secret, KEY_ID_CONTEXT, "sha256")[:KEY_ID_BYTES].hex()
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """The credentials of the devices ``first .. first + count - 1`` (``keys``: their ``k_d`` concatenated),
+    derived from the secret whose :func:`key_id` is ``key_id``."""
+
+    first: int
+    count: int
+    key_id: str
+    keys: bytes
+
+    def ids(self) -> np.ndarray:
+        return np.arange(self.first, self.first + self.count, dtype=np.int64)
+
+    def keys_of(self, ids: np.ndarray) -> bytes:
+        """The concatenated credentials of ``ids`` (each one of these devices)."""
+        at = np.asarray(ids, dtype=np.int64) - self.first
+        if at.size and (at.min() < 0 or at.max() >= self.count):
+            raise CredentialsError(f"holds devices {self.first:,}-{self.first + self.count - 1:,} only")
+        if at.size and np.array_equal(at, np.arange(at[0], at[0] + at.size)):  # a run of ids: one slice
+            return self.keys[int(at[0]) * KEY_BYTES:(int(at[0]) + at.size) * KEY_BYTES]
+        table = np.frombuffer(self.keys, dtype=np.uint8).reshape(-1, KEY_BYTES)
+        return table[at].tobytes()
+
+
+def pack_credentials(secret: bytes, first: int, count: int) -> bytes:
+    """A credentials file's bytes for the devices ``first .. first + count - 1`` (format: module docstring)."""
+    if first < 0 or count < 1 or first + count > 2**63:
+        raise ValueError(f"devices {first}..{first + count - 1}: expected count >= 1 ids in [0, 2^63)")
+    head = (CREDENTIALS_MAGIC + struct.pack(">QQ", first, count)
+            + bytes.fromhex(key_id(secret)))
+    body = head + device_keys(secret, np.arange(first, first + count, dtype=np.uint64))
+    return body + hashlib.sha256(body).digest()
+
+
+def unpack_credentials(raw: bytes) -> Credentials:
+    """The credentials in a file's bytes; :class:`CredentialsError` names what is wrong."""
+    magic = len(CREDENTIALS_MAGIC)
+    if raw[:magic] != CREDENTIALS_MAGIC:
+        raise CredentialsError("not an ldpsim credentials file (write one with `ldpsim credentials`)")
+    if len(raw) < CREDENTIALS_OVERHEAD + KEY_BYTES:
+        raise CredentialsError(f"truncated: {len(raw):,} bytes")
+    first, count = struct.unpack(">QQ", raw[magic:magic + 16])
+    if count < 1 or first + count > 2**63:
+        raise CredentialsError(f"damaged: devices {first:,} + {count:,}")
+    if len(raw) != CREDENTIALS_OVERHEAD + count * KEY_BYTES:
+        raise CredentialsError(f"truncated or damaged: {len(raw):,} bytes, expected "
+                               f"{CREDENTIALS_OVERHEAD + count * KEY_BYTES:,} for {count:,} devices")
+    if not hmac.compare_digest(hashlib.sha256(raw[:-32]).digest(), raw[-32:]):
+        raise CredentialsError("damaged: its SHA-256 does not match its contents")
+    at = magic + 16
+    return Credentials(int(first), int(count), raw[at:at + KEY_ID_BYTES].hex(), bytes(raw[at + KEY_ID_BYTES:-32]))
+
+
+def read_credentials(path: str | Path) -> Credentials:
+    """The credentials file at ``path`` (a regular file; see :func:`unpack_credentials`)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise CredentialsError(f"{path}: the credentials file must be a regular file")
+            raw = f.read()
+    except OSError as exc:
+        raise CredentialsError(f"{path}: cannot read the credentials file: {exc.strerror or exc}") from None
+    try:
+        return unpack_credentials(raw)
+    except CredentialsError as exc:
+        raise CredentialsError(f"{path}: {exc}") from None

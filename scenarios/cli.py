@@ -308,6 +308,76 @@ def _secret(args: argparse.Namespace) -> bytes | None:
         raise ScenarioError(f"--secret-file {exc}") from None
 
 
+def auth_key_id(secret: bytes) -> str:
+    from protocols.auth import key_id
+
+    return key_id(secret)
+
+
+def credentials_name(index: int | str, count: int) -> str:
+    """The file ``ldpsim credentials`` writes for shard ``index`` (1-based) of ``count``."""
+    return f"credentials-shard-{index}-of-{count}.bin"
+
+
+def _span(first: int, count: int) -> str:
+    return f"{first:,}-{first + count - 1:,}"
+
+
+def _shard_credentials(args: argparse.Namespace):
+    """``--credentials FILE``: the shard's devices' credentials (protocols.auth.Credentials), or None."""
+    from protocols.auth import CredentialsError, read_credentials
+
+    if not getattr(args, "credentials", None):
+        return None
+    if args.secret_file:
+        raise ScenarioError("--credentials and --secret-file: give one (a shard needs only its credentials)")
+    try:
+        return read_credentials(args.credentials)
+    except CredentialsError as exc:
+        raise ScenarioError(f"--credentials {exc}") from None
+
+
+def cmd_credentials(args: argparse.Namespace) -> int:
+    """Write each shard's device credentials to a file of its own (protocols/auth.py): the operator keeps the
+    deployment secret, and each ``ldpsim devices`` process gets only its shard's file (``--credentials``)."""
+    from protocols.auth import pack_credentials
+    from scenarios.live import shard, shard_size
+    from scenarios.tables import atomic_path
+
+    scenario = load(args.scenario, args.set)
+    secret = _secret(args)
+    if secret is None:
+        raise ScenarioError("--secret-file: required (the deployment secret the collector serves with)")
+    count = _int_arg("--shards", args.shards)
+    if not 1 <= count <= scenario.devices:
+        raise ScenarioError(f"--shards {args.shards}: expected 1 to {scenario.devices:,} (the devices)")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise ScenarioError(f"--out {out}: is a file, expected a directory")
+    names = [credentials_name(i, count) for i in range(1, count + 1)]
+    there = [n for n in names if (out / n).exists()]
+    if there and not args.force:
+        raise ScenarioError(f"--out {out}: already holds {there[0]}{f' and {len(there) - 1:,} more' if len(there) > 1 else ''}"
+                            "; pass --force to overwrite")
+    out.mkdir(parents=True, exist_ok=True)
+    update, close = _progress_bar(count, not args.quiet and scenario.devices >= 1_000_000, "credentials")
+    try:
+        for i, name in enumerate(names):
+            first, held = int(shard(scenario.devices, i, count)[0]), shard_size(scenario.devices, i, count)
+            with atomic_path(out / name) as tmp:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # readable by its owner only
+                with os.fdopen(fd, "wb") as f:
+                    f.write(pack_credentials(secret, first, held))
+            if update is not None:
+                update(i + 1, count)
+    finally:
+        close()
+    print(f"ldpsim: credentials of {scenario.devices:,} devices in {count:,} file(s) -> {out} (key id "
+          f"{auth_key_id(secret)}); give shard I only its own: ldpsim devices {shlex.quote(args.scenario)} ... "
+          f"--shard I/{count} --credentials {out / credentials_name('I', count)}")
+    return 0
+
+
 def _tls(what: str, make, *paths: str):
     import ssl
 
@@ -404,9 +474,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     def listening(port: int) -> None:
         sets = "".join(f" --set {shlex.quote(kv)}" for kv in args.set)  # the devices must run the same scenario
+        creds = (f" --credentials FILE; devices authenticated under key id {auth_key_id(settings.secret)}, each "
+                 "shard's FILE from ldpsim credentials" if settings.secret else "")
         print(f"ldpsim: serving {scenario.name} on {args.host}:{port}; waiting up to "
               f"{settings.startup_timeout:g} s for {scenario.devices:,} devices (ldpsim devices "
-              f"{shlex.quote(args.scenario)}{sets} --connect HOST:{port} --shard I/N)", file=sys.stderr, flush=True)
+              f"{shlex.quote(args.scenario)}{sets} --connect HOST:{port} --shard I/N{creds})", file=sys.stderr,
+              flush=True)
         _network_note(scenario)
 
     def progress(done: int, of: int) -> None:
@@ -491,7 +564,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
         raise ScenarioError("--resume: the saved device state is in --out DIR; give it")
     from agents.client import GIVE_UP_AFTER
     from scenarios import journal
-    from scenarios.live import shard_size
+    from scenarios.live import shard, shard_size
 
     if args.out:
         journal.refuse_finished_state(args.out, int(index), int(count))
@@ -500,16 +573,29 @@ def cmd_devices(args: argparse.Namespace) -> int:
     if not held:  # it would report "done" without connecting
         raise ScenarioError(f"--shard {args.shard}: holds no device ({scenario.devices:,} devices over {count} shards)")
     args.connections = _connections(args.connections, held, 1)
-
+    credentials, secret = _shard_credentials(args), _secret(args)
+    first = int(shard(scenario.devices, int(index) - 1, int(count))[0])
+    if credentials is not None and (credentials.first, credentials.count) != (first, held):
+        raise ScenarioError(
+            f"--credentials {args.credentials}: holds devices {_span(credentials.first, credentials.count)}, not "
+            f"shard {index}/{count}'s {_span(first, held)} ({scenario.devices:,} devices); give this shard's file "
+            f"(ldpsim credentials ... --shards {count})")
+    signed = (f"; credentials of key id {credentials.key_id}" if credentials is not None
+              else f"; credentials derived from the secret of key id {auth_key_id(secret)}" if secret else "")
     print(f"ldpsim: shard {index}/{count}: {held:,} devices "
           f"connecting to {args.connect} over {args.connections} connection(s) (giving up after "
-          f"{GIVE_UP_AFTER:g} s without a collector there)", file=sys.stderr, flush=True)
+          f"{GIVE_UP_AFTER:g} s without a collector there){signed}", file=sys.stderr, flush=True)
+    if secret is not None:
+        print("ldpsim: warning: --secret-file gives this process every device's credential (it could speak for "
+              "all of them); give each shard only its own: ldpsim credentials SCENARIO --secret-file PATH --shards "
+              f"{count} --out DIR, then --credentials DIR/{credentials_name(int(index), int(count))}",
+              file=sys.stderr, flush=True)
     if not args.out:
         print("ldpsim: warning: no --out: these devices' spend is kept in this process only (a restarted process "
               "starts them with a fresh budget); give --out DIR to keep it and their state across restarts",
               file=sys.stderr, flush=True)
     outcome = asyncio.run(live.devices(scenario, host, int(port), int(index) - 1, int(count), args.connections,
-                                       _secret(args), _client_tls(args), args.out, args.resume))
+                                       secret, _client_tls(args), args.out, args.resume, credentials))
     ledger = outcome.ledger
     if args.out:
         out = Path(args.out)
@@ -731,7 +817,22 @@ def parser() -> argparse.ArgumentParser:
                                   "(devices-shard-I-of-N.state: reloaded automatically when it is there)")
     dv.add_argument("--resume", action="store_true",
                     help="require the saved device state in --out (exit 2 if there is none)")
+    dv.add_argument("--credentials", metavar="PATH",
+                    help="this shard's device credentials, written by `ldpsim credentials` (instead of "
+                         "--secret-file, which would give this process every device's credential)")
     dv.set_defaults(func=cmd_devices)
+    cr = sub.add_parser("credentials", help="write each device shard's credentials to a file of its own, from the "
+                                            "deployment secret (for `ldpsim devices --credentials`)")
+    cr.add_argument("scenario", help="a scenario file or shipped name (its population is split into shards as "
+                                     "`ldpsim devices --shard I/N` splits it)")
+    cr.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a scenario key")
+    cr.add_argument("--secret-file", metavar="PATH", required=True, help="the deployment secret `serve` uses")
+    cr.add_argument("--shards", required=True, metavar="N", help="how many device shards (files) to write")
+    cr.add_argument("--out", required=True, metavar="DIR",
+                    help="directory for credentials-shard-I-of-N.bin (mode 0600, 32 bytes a device)")
+    cr.add_argument("--force", action="store_true", help="overwrite credentials files already in --out")
+    cr.add_argument("--quiet", action="store_true", help="no progress bar")
+    cr.set_defaults(func=cmd_credentials)
 
     sw = sub.add_parser(
         "sweep", help="run a scenario over a grid of parameter values, repeated with derived seeds",

@@ -33,6 +33,7 @@ from collector import spill
 from collector.hostile import Hostility
 from collector.network import Traffic
 from collector.server import LiveCollector, LiveSettings
+from protocols.auth import Credentials
 from protocols.ledger import Ledger
 from scenarios.runner import RoundBook, RunResult, _event_logger
 from scenarios.schema import Scenario, ScenarioError
@@ -120,17 +121,18 @@ def scenario_fingerprint(sc: Scenario) -> bytes:
 
 
 def build_client(sc: Scenario, device_ids: np.ndarray, ledger: Ledger, host: str, port: int,
-                 days: DeviceDays | None = None, secret: bytes | None = None, tls: ssl.SSLContext | None = None
-                 ) -> DeviceClient:
+                 days: DeviceDays | None = None, secret: bytes | None = None, tls: ssl.SSLContext | None = None,
+                 credentials: Credentials | None = None) -> DeviceClient:
     """A device client; clients of one process share ``days`` (and its world model of the whole population:
     one per client would cost memory that grows with connections x devices). ``secret``: the deployment
-    secret (the client derives its devices' credentials); ``tls``: a client TLS context (:func:`client_tls`).
+    secret (the client derives its devices' credentials), or ``credentials``, the devices' own (a shard's
+    credentials file: the secret stays with the operator); ``tls``: a client TLS context (:func:`client_tls`).
     Its Hellos carry the scenario's fingerprint (:func:`scenario_fingerprint`)."""
     days = days or process_days(sc)
     return ResumableClient(sc.protocol, sc.seed, device_ids, sc.simulation.cohort_size, days.world, ledger,
                            sc.network.deadline, sc.network.latency, host, port, days=days, limits=sc.limits,
                            secret=secret, tls=tls, scenario=scenario_fingerprint(sc),
-                           round_seconds=sc.simulation.round_seconds)
+                           round_seconds=sc.simulation.round_seconds, credentials=credentials)
 
 
 def server_tls(cert: str, key: str) -> ssl.SSLContext:
@@ -272,16 +274,17 @@ class ShardOutcome:
 
 async def devices(sc: Scenario, host: str, port: int, index: int, count: int, connections: int = 1,
                   secret: bytes | None = None, tls: ssl.SSLContext | None = None, state_dir: Any = None,
-                  require_state: bool = False) -> ShardOutcome:
+                  require_state: bool = False, credentials: Credentials | None = None) -> ShardOutcome:
     """Device clients for shard ``index`` of ``count``, over ``connections`` connections; returns their ledger
-    and counts.
+    and counts. ``credentials``: the shard's devices' credentials (instead of the deployment ``secret``).
     ``state_dir``: save the devices' state there after every answer, and start from it when it is there
     (scenarios/journal.py; ``require_state``: it must be)."""
     ledger = Ledger(sc.devices)
     ids = shard(sc.devices, index, count)
     parts = [ids[len(ids) * k // connections:len(ids) * (k + 1) // connections] for k in range(connections)]
     days = process_days(sc)
-    clients = [build_client(sc, part, ledger, host, port, days, secret, tls) for part in parts if part.size]
+    clients = [build_client(sc, part, ledger, host, port, days, secret, tls, credentials)
+               for part in parts if part.size]
     store = None
     if state_dir is not None:
         from scenarios import journal

@@ -819,6 +819,8 @@ def test_serve_exits_with_an_idle_connection_open(tmp_path) -> None:
         shard = subprocess.Popen(cmd + ["devices", "quickstart", "--connect", f"{HOST}:{port}", "--connections", "2"]
                                  + common + sets, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         assert shard.wait(timeout=60) == 0, shard.stderr.read().decode()[-2000:]
+        # a device process given the secret itself is told that it could speak for every device
+        assert "warning: --secret-file gives this process every device's credential" in shard.stderr.read().decode()
         assert server.wait(timeout=60) == 0, server.stderr.read().decode()[-2000:]
     finally:
         idle.close()
