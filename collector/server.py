@@ -22,8 +22,15 @@ Hostile input is bounded (every cause counted in ``drops``; summary.json's ``liv
 - incomplete frames held above ``buffer_budget`` bytes (``buffer_budget``), in two pools of that size: the
   connections whose Hello was accepted, and those that have not said one. A peer without a Hello can fill
   only the second pool, so it never costs a registered connection its report batches;
-- connections beyond ``max_connections`` (default: devices + 64, at most RLIMIT_NOFILE - 64) are closed at
-  once (``connection_limit``);
+- a Hello waiting for its MAC check holds its bytes in the second pool too: a queue of Hellos is bounded by the
+  same budget (``buffer_budget``);
+- connections beyond ``max_connections`` (default: devices + 64, at most RLIMIT_NOFILE - 64): the newcomer takes
+  the place of the oldest connection that has said no Hello and has been open at least :data:`EVICT_AGE`
+  seconds (``evicted``), and is closed at once when there is none (``connection_limit``), so that idle peers
+  reconnecting as fast as they are closed cannot keep honest clients out for longer than that age;
+- connections of one host that have said no accepted Hello beyond ``max_pending_per_host`` (default: half the
+  connection limit) are closed at once (``host_limit``), or take the place of that host's own oldest such
+  connection as above: a flood from one address leaves the other half of the slots to every other host;
 - a broadcast is written to every connection at once; a connection whose socket has not taken it within
   ``write_timeout`` is dropped (``write_timeout``): a reader that stops reading never holds up a stage;
 - a first frame that is not a Hello (``no_hello``), and a connection holding devices that leaves
@@ -57,6 +64,9 @@ from protocols.framing import FrameDecoder, FrameTooLarge, frame
 from protocols.messages import Challenge, End, Hello, Message, Refusal, ReportBatch
 
 EXTRA_CONNECTIONS = 64  # default connection limit: one per device and this many more
+#: seconds a connection without a Hello is open before a newcomer at the connection limit may take its place
+#: (an honest client says its Hello within a round trip or two; at most half the hello timeout is used)
+EVICT_AGE = 1.0
 FD_MARGIN = 64  # file descriptors kept free below RLIMIT_NOFILE (listening socket, logs, run files)
 
 
@@ -113,6 +123,8 @@ class Connection:
     verifying: bool = False  # its Hello's MAC is being checked: no broadcast until it is registered or refused
     nonce: bytes | None = None  # the challenge its Hello must answer (with a secret)
     closed: bool = False  # dropped or released
+    opened: float = 0.0  # the event loop's time when it was accepted
+    host: str = ""  # the peer's address
 
 
 @dataclass
@@ -124,6 +136,8 @@ class LiveSettings:
     hello_timeout: float = 10.0  # real seconds from connecting to the Hello (TLS handshake included)
     write_timeout: float = 5.0  # real seconds a broadcast waits for one connection's socket to take it
     max_connections: int | None = None  # None: devices + 64, at most RLIMIT_NOFILE - 64
+    max_pending_per_host: int | None = None  # connections of one host without an accepted Hello (None: half the
+    # connection limit)
     buffer_budget: int = 256 << 20  # bytes of incomplete frames held across registered connections (and again
     # across the connections before their Hello)
     send_buffer: int | None = None  # SO_SNDBUF of accepted sockets (None: the kernel's default)
@@ -156,6 +170,10 @@ class LiveCollector:
         self.max_connections = min(int(wanted), ceiling)
         if wanted > ceiling:
             log.warning("max_connections_capped", wanted=int(wanted), cap=ceiling)
+        self.max_pending_per_host = int(settings.max_pending_per_host or max(1, self.max_connections // 2))
+        # the connections that have said no Hello (nor are having one verified), oldest first, in all and by host
+        self._pending: dict[Connection, None] = {}
+        self._pending_of: dict[str, dict[Connection, None]] = {}
         self.registered = np.zeros(self.n_devices, dtype=bool)  # ever registered
         self.holder = np.zeros(self.n_devices, dtype=np.int64)  # serial of the live connection holding it, or 0
         self._held = 0  # devices held by a live connection now
@@ -195,7 +213,8 @@ class LiveCollector:
     def live_summary(self) -> dict:
         """The live runtime's counters for summary.json (``live``)."""
         return {"dropped": dict(sorted(self.drops.items())), "connections": self.connections_accepted,
-                "max_connections": self.max_connections, "authenticated": self.settings.secret is not None,
+                "max_connections": self.max_connections, "max_pending_per_host": self.max_pending_per_host,
+                "authenticated": self.settings.secret is not None,
                 "tls": self.settings.tls is not None, "devices_at_start": self.devices_at_start}
 
     # ------------------------------------------------------------------------------------------ transport
@@ -239,16 +258,27 @@ class LiveCollector:
         if self._closing:
             writer.transport.abort()
             return
-        if len(self.connections) >= self.max_connections:
+        loop = asyncio.get_running_loop()
+        peer = writer.get_extra_info("peername")
+        host = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
+        ours = self._pending_of.get(host, {})
+        if len(ours) >= self.max_pending_per_host and not self._evict(ours, loop.time(), "host_limit"):
+            self._count_drop("host_limit", f"{len(ours)} connections of {host} without a hello (limit "
+                                           f"{self.max_pending_per_host})")
+            writer.transport.abort()
+            return
+        if len(self.connections) >= self.max_connections and not self._evict(self._pending, loop.time(),
+                                                                               "connection_limit"):
             self._count_drop("connection_limit", f"{len(self.connections)} connections open (limit "
                                                  f"{self.max_connections})")
             writer.transport.abort()
             return
         self._serial += 1
-        conn = Connection(writer, self._serial)
+        conn = Connection(writer, self._serial, opened=loop.time(), host=host)
         self.connections.add(conn)
+        self._pending[conn] = None
+        self._pending_of.setdefault(host, {})[conn] = None
         settings = self.settings
-        loop = asyncio.get_running_loop()
         # until its Hello is accepted a connection may send no frame longer than a Hello of the whole population:
         # an unauthenticated peer holds no 64 MB frame of the shared buffer budget
         decoder = FrameDecoder(min(settings.max_frame, hello_frame_limit(self.n_devices)))
@@ -297,7 +327,18 @@ class LiveCollector:
                 for raw in frames:
                     hello = self._on_frame(conn, raw)
                     if hello is not None:
-                        await self._admit(conn, hello)
+                        # the Hello (its frame and its decoded ids) is held until it is admitted or refused, and
+                        # may wait for other Hellos' MAC checks: counted in the unregistered connections' pool
+                        size = len(raw) + hello.devices.nbytes
+                        self._count_buffered(False, size)
+                        try:
+                            if self._buffered_unknown > settings.buffer_budget:
+                                raise Refused("buffer_budget", f"hellos and incomplete frames of unregistered "
+                                                               f"connections hold {self._buffered_unknown} bytes "
+                                                               f"(budget {settings.buffer_budget})")
+                            await self._admit(conn, hello)
+                        finally:
+                            self._count_buffered(False, -size)
                         decoder.max_frame = settings.max_frame
                 if conn.hello and not known:  # admitted: what it holds moves to the registered connections' pool
                     self._count_buffered(False, -counted)
@@ -337,6 +378,25 @@ class LiveCollector:
         else:
             self._buffered_unknown += change
 
+    def _evict(self, pending: dict[Connection, None], now: float, limit: str) -> bool:
+        """Make room for a newcomer at ``limit``: drop the oldest connection in ``pending`` (connections without
+        a Hello) if it has been open at least :data:`EVICT_AGE` (at most half the hello timeout); whether it
+        did."""
+        oldest = next(iter(pending), None)
+        if oldest is None or now - oldest.opened < min(EVICT_AGE, self.settings.hello_timeout / 2):
+            return False
+        self._drop(oldest, "evicted", f"no hello in {now - oldest.opened:.1f} s; its place taken by a newcomer at "
+                                      f"the {limit.replace('_', ' ')}")
+        return True
+
+    def _unpend(self, conn: Connection) -> None:
+        """``conn`` is no longer waiting to say its Hello (it said one, or it is gone)."""
+        if self._pending.pop(conn, 0) is None:
+            ours = self._pending_of[conn.host]
+            del ours[conn]
+            if not ours:
+                del self._pending_of[conn.host]
+
     def _count_drop(self, cause: str, detail: str) -> None:
         self.drops[cause] = self.drops.get(cause, 0) + 1
         self.stats.reject("dropped", Refused(cause, detail))
@@ -369,6 +429,7 @@ class LiveCollector:
             return
         conn.closed = True
         self.connections.discard(conn)
+        self._unpend(conn)
         self._waiting.discard(conn)
         if conn.devices.size:
             self.holder[conn.devices] = 0
@@ -420,6 +481,7 @@ class LiveCollector:
             # no stage message meanwhile: its client would answer it, and a refusal that follows could then
             # reset the connection before the client reads why (a registered connection gets the open stage's)
             conn.verifying = True
+            self._unpend(conn)  # its Hello is in hand: bounded by the hello timeout and the buffer budget
             try:
                 try:  # a Hello queues for its turn at most the hello timeout (a flood of them holds no slot longer)
                     await asyncio.wait_for(self._verifying.acquire(), self.settings.hello_timeout)
@@ -469,6 +531,7 @@ class LiveCollector:
         if held:  # not told: the holder may be a connection of the same devices that is about to be dropped
             raise Refused("ids_held", f"{held} of the hello's {ids.size} devices are held by another connection")
         conn.hello = True
+        self._unpend(conn)
         conn.devices = ids
         self._waiting.add(conn)
         self._missing -= int(np.count_nonzero(self.registered[ids]))

@@ -404,7 +404,8 @@ def _settings(args: argparse.Namespace):
     tls = _tls("--tls-cert/--tls-key", live.server_tls, args.tls_cert, args.tls_key) if args.tls_cert else None
     return LiveSettings(stage_timeout=args.stage_timeout, read_timeout=args.read_timeout,
                         hello_timeout=args.hello_timeout, write_timeout=args.write_timeout,
-                        max_connections=args.max_connections, secret=_secret(args), tls=tls,
+                        max_connections=args.max_connections, max_pending_per_host=args.max_pending_per_host,
+                        secret=_secret(args), tls=tls,
                         round_pause=getattr(args, "round_pause", 0.0), startup_timeout=args.startup_timeout)
 
 
@@ -764,7 +765,11 @@ def parser() -> argparse.ArgumentParser:
                        help="real seconds a client may take to finish a frame it started (default 5)")
         p.add_argument("--max-connections", type=_count, metavar="N",
                        help="connections open at once (default: devices + 64, at most the open-file limit - 64); "
-                            "more are closed at once and counted")
+                            "more are closed at once and counted, or take the place of a connection that has said "
+                            "no hello for a second")
+        p.add_argument("--max-pending-per-host", type=_count, metavar="N",
+                       help="connections of one address that have not said an accepted hello (default: half of "
+                            "--max-connections); raise it when many device hosts share one address (NAT)")
         p.add_argument("--write-timeout", type=_seconds, metavar="SECONDS", default=5.0,
                        help="real seconds a connection's socket may take to accept a broadcast before it is dropped "
                             "(default 5)")

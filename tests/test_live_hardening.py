@@ -715,10 +715,11 @@ async def test_peers_without_a_hello_cannot_spend_a_registered_connection_s_buff
 
 @pytest.mark.asyncio
 async def test_a_connection_flood_beyond_the_limit() -> None:
-    """With a limit of 20 connections, 60 idle connections arrive with the honest clients: the excess is closed
-    at once and counted, the idle ones that got in are dropped at the hello timeout, the honest clients get
-    in (reconnecting with backoff) and the run's digests equal the simulated run's. The log holds at most one
-    line per drop cause per round (plus the counts)."""
+    """With a limit of 20 connections, 60 idle connections from one host arrive with the honest clients (the
+    same host): beyond half the limit the host's idle connections are closed at once and counted (``host_limit``),
+    the honest clients get in by taking the places of idle ones open for more than half the hello timeout
+    (``evicted``), the rest of the idle ones are dropped at the hello timeout, and the run's digests equal the
+    simulated run's. The log holds at most one line per drop cause per round (plus the counts)."""
     settings = dataclasses.replace(FAST, max_connections=20, hello_timeout=1.0)
     h = Harness(scenario(), settings, connections=4)
     await h.listen()
@@ -733,13 +734,109 @@ async def test_a_connection_flood_beyond_the_limit() -> None:
         writer.close()
     assert got["digests"] == simulated()
     drops = h.server.drops
-    assert drops.get("connection_limit", 0) >= 30, drops
-    assert drops.get("hello_timeout", 0) >= 15, drops
-    assert set(drops) <= {"connection_limit", "hello_timeout"}
+    assert drops.get("host_limit", 0) >= 50, drops  # 60 - 10 at once, and honest attempts before any was old
+    assert 1 <= drops.get("evicted", 0) <= 4 + 10, drops
+    assert set(drops) <= {"host_limit", "evicted", "hello_timeout"}, drops
     lines = [e for e in h.log() if e.get("event") == "connection_dropped"]
     assert len(lines) == len({(e["cause"], e["round"]) for e in lines}) < 10
     counts = [e for e in h.log() if e.get("event") == "connections_dropped"]
-    assert sum(e["counts"].get("connection_limit", 0) for e in counts) == drops["connection_limit"]
+    assert sum(e["counts"].get("host_limit", 0) for e in counts) == drops["host_limit"]
+
+
+@pytest.mark.asyncio
+async def test_at_the_limit_only_the_oldest_idle_connection_past_the_eviction_age_makes_room() -> None:
+    """Limit 2, one registered connection and one idle: a newcomer while the idle one is younger than the
+    eviction age (half the hello timeout here) is closed (``connection_limit``), so an honest client
+    mid-handshake is never pushed out; once it is older, a newcomer takes its place (``evicted``), never that of
+    the registered connection, older as it is."""
+    settings = dataclasses.replace(FAST, max_connections=2, max_pending_per_host=10, hello_timeout=1.0)
+    sc = scenario()
+    server, _, _ = live.build_server(sc, Ledger(sc.devices), None, settings)
+    port = await server.start(HOST, 0)
+    try:
+        r1, w1 = await connect(port)
+        w1.write(hello(range(5)))
+        await w1.drain()
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if server._held == 5:
+                break
+        await asyncio.sleep(0.6)  # the registered connection is past the eviction age
+        r2, w2 = await connect(port)
+        await asyncio.sleep(0.05)
+        r3, w3 = await connect(port)
+        assert await closed_by_server(r3, 1.0) and server.drops == {"connection_limit": 1}, server.drops
+        await asyncio.sleep(0.6)  # the idle one is past min(EVICT_AGE, hello_timeout / 2) too
+        r4, w4 = await connect(port)
+        assert await closed_by_server(r2, 1.0), server.drops
+        assert server.drops == {"connection_limit": 1, "evicted": 1}, server.drops
+        assert server._held == 5 and not await closed_by_server(r4, 0.1)
+        for w in (w1, w2, w3, w4):
+            w.close()
+    finally:
+        await server.close()
+
+
+async def _keep_idle(port: int, source: str, stop: asyncio.Event, opened: list[int]) -> None:
+    """An idle peer from ``source`` that says nothing and reconnects as soon as it is closed or refused."""
+    while not stop.is_set():
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(HOST, port, local_addr=(source, 0)), 5)
+        except (OSError, asyncio.TimeoutError):
+            await asyncio.sleep(0.01)
+            continue
+        opened.append(1)
+        try:
+            while not stop.is_set():
+                try:
+                    if not await asyncio.wait_for(reader.read(1 << 16), 0.1):
+                        break
+                except asyncio.TimeoutError:
+                    continue
+                except OSError:
+                    break
+        finally:
+            writer.close()
+        await asyncio.sleep(0.001)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("hosts, peers", [(20, 20), (1, 40)], ids=["one-idle-peer-on-each-of-20-hosts",
+                                                                      "40-idle-peers-on-one-host"])
+async def test_idle_peers_reconnecting_at_once_cannot_keep_honest_clients_out(hosts, peers) -> None:
+    """Idle peers (no Hello, hello timeout 30 s) that reconnect as soon as they are closed, first to connect and
+    enough to fill the limit of 20: before, they held every slot for the whole startup wait and the honest
+    clients never got in. Now a newcomer takes the place of a connection without a Hello open for a second
+    (``evicted``), and one host holds at most half the slots without a Hello (``host_limit``): every honest
+    device is in at the start and the digests equal the simulated run's. The peers come from 127.0.0.2 and up
+    (loopback addresses), the honest clients from 127.0.0.1."""
+    settings = dataclasses.replace(FAST, max_connections=20, hello_timeout=30.0, startup_timeout=25.0)
+    h = Harness(scenario(), settings, connections=4)
+    await h.listen()
+    stop, opened = asyncio.Event(), []
+    peers_ = [asyncio.create_task(_keep_idle(h.port, f"127.0.0.{2 + i % hosts}", stop, opened))
+              for i in range(peers)]
+    try:
+        for _ in range(200):  # the limit filled (or the host's half) before the honest clients come
+            await asyncio.sleep(0.05)
+            if len(h.server.connections) >= min(20, 10 * hosts):
+                break
+        assert len(h.server.connections) == min(20, 10 * hosts), len(h.server.connections)
+        h.start_clients()
+        h.start_run()
+        got = await h.finish(timeout=90)
+    finally:
+        stop.set()
+        await asyncio.gather(*peers_, return_exceptions=True)
+    assert got["live"]["devices_at_start"] == h.sc.devices, h.server.drops
+    assert got["digests"] == simulated()
+    drops = h.server.drops
+    assert set(drops) <= {"evicted", "host_limit", "connection_limit"}, drops
+    if hosts > 1:  # the honest clients took the places of idle peers
+        assert drops.get("evicted", 0) >= 1 and "host_limit" not in drops, drops
+    else:  # the peers' host was held to its half: the honest clients found free slots
+        assert drops.get("host_limit", 0) > 0, drops
 
 
 @pytest.mark.asyncio
@@ -1006,6 +1103,36 @@ async def test_a_hello_queued_behind_slow_verifications_waits_at_most_the_hello_
     finally:
         await server.close()
     assert server.drops == {"auth": 1, "hello_timeout": 1}, server.drops
+
+
+@pytest.mark.asyncio
+async def test_hellos_waiting_for_their_mac_check_count_against_the_buffer_budget(monkeypatch) -> None:
+    """A Hello waiting for (or in) its MAC check holds its frame and its decoded ids: they count in the pool of
+    the connections without an accepted Hello, so a queue of large Hellos is bounded by the buffer budget
+    (``buffer_budget``) instead of growing with the connections (911 MB at 20,000 of them). The pool is empty
+    again once the Hellos are refused."""
+    monkeypatch.setattr(server_module.auth, "verify_hello", lambda *args: (time.sleep(0.5), False)[1])
+    sc = scenario(devices=20_000)
+    settings = dataclasses.replace(FAST, secret=SECRET, buffer_budget=100_000, hello_timeout=5.0)
+    server, _, _ = live.build_server(sc, Ledger(sc.devices), None, settings)
+    port = await server.start(HOST, 0)
+    try:
+        async def knock():
+            reader, writer = await connect(port)
+            challenge = await read_frame(reader)
+            writer.write(hello(range(10_000), mac=b"\0" * 64, round_=challenge.round))  # 40 KB of ids, twice
+            await writer.drain()
+            return await closed_by_server(reader, timeout=5)
+
+        first = asyncio.ensure_future(knock())
+        await asyncio.sleep(0.2)  # the first Hello's check has begun
+        held = server._buffered_unknown
+        assert 80_000 <= held <= 100_000, held  # its frame (40 KB) and its ids (40 KB) are counted
+        assert await knock() and await first
+    finally:
+        await server.close()
+    assert server.drops == {"auth": 1, "buffer_budget": 1}, server.drops
+    assert server._buffered_unknown == 0
 
 
 @pytest.mark.asyncio
