@@ -16,6 +16,7 @@ side gets the same secret and derives its devices' credentials) authenticates ev
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import ssl
@@ -175,6 +176,9 @@ async def run_embedded(sc: Scenario, connections: int = 2, events: TextIO | None
     t0 = time.perf_counter()
     ledger = Ledger(sc.devices)
     settings = settings or LiveSettings()
+    if settings.max_pending_per_host is None:  # every client is this process's own, from one address: all of
+        # them may connect at once (half the connection limit would refuse some, to be let in on a retry)
+        settings = dataclasses.replace(settings, max_pending_per_host=connections)
     server, book, _ = build_server(sc, ledger, events, settings, progress)
     port = await server.start(host, 0)
     days = process_days(sc)

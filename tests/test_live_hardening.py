@@ -1166,3 +1166,13 @@ def test_serve_warns_of_rounds_that_closed_without_a_report(tmp_path, monkeypatc
     assert cli.main(argv) == 0
     err = capsys.readouterr().err
     assert "ldpsim: warning: 3 of 3 rounds closed without a report" in err, err
+
+
+@pytest.mark.asyncio
+async def test_an_embedded_live_run_lets_all_its_own_connections_in_at_once() -> None:
+    """`ldpsim live` connects every client from one address at once: the per-address limit of connections
+    without a Hello (by default half the connection limit, 82 of 164 here) is raised to the client count, so
+    that none of its own 100 connections is refused and counted as dropped."""
+    sc = scenario(devices=100, rounds=2, cohort=10)
+    result = await live.run_embedded(sc, connections=100, settings=FAST)
+    assert result.extra["live"]["dropped"] == {} and result.extra["live"]["connections"] == 100
