@@ -64,7 +64,7 @@ FRAME_TIMEOUT = 30.0
 class DeviceClient:
     def __init__(self, params: Any, seed: int, device_ids: np.ndarray, cohort_size: int, world: World,
                  ledger: Ledger, deadline: float, latency: float, host: str, port: int,
-                 backoff: tuple[float, float] = (0.05, 2.0), max_frame: int = wire.MAX_MESSAGE_BYTES,
+                 backoff: tuple[float, float] = (0.05, 2.0), max_frame: int = wire.MAX_DOWNLINK_BYTES,
                  give_up_after: float = GIVE_UP_AFTER, days: "DeviceDays | None" = None,
                  limits: Limits | None = None, secret: bytes | None = None, tls: ssl.SSLContext | None = None,
                  server_hostname: str | None = None, challenge_timeout: float = 30.0,

@@ -43,6 +43,10 @@ VERSION = 1
 ARRAY_EXT = 1
 MATRIX_EXT = 3
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+#: the longest frame a device client takes from a collector: every collector message (a request, decision,
+#: threshold, challenge, end or refusal) is a few hundred bytes; 64 MiB let a hostile collector make a device
+#: process buffer about 110 MB per connection
+MAX_DOWNLINK_BYTES = 64 * 1024
 MAX_ELEMENTS = 1 << 25
 MAX_COLUMNS = 16
 MAX_ROUND = 2**31 - 1

@@ -930,6 +930,39 @@ def test_serve_exits_with_an_idle_connection_open(tmp_path) -> None:
 
 
 @pytest.mark.asyncio
+async def test_a_device_client_takes_no_collector_frame_longer_than_a_collector_message_can_be() -> None:
+    """A collector announcing a 100 KB frame (every collector message is a few hundred bytes; the limit is
+    wire.MAX_DOWNLINK_BYTES) is left at the frame's header and tried again, instead of being buffered up to
+    64 MiB per connection while it trickles."""
+    sc = protocol_scenario(PROTOCOL, **{"population.devices": 50, "rounds": 2})
+    accepted = 0
+
+    async def hostile(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal accepted
+        accepted += 1
+        writer.write(struct.pack(">I", 100_000) + b"x" * 70_000)
+        await writer.drain()
+        await asyncio.sleep(5)  # the rest never comes
+        writer.close()
+
+    server = await asyncio.start_server(hostile, HOST, 0)
+    port = server.sockets[0].getsockname()[1]
+    client = live.build_client(sc, live.shard(sc.devices, 0, 1), Ledger(sc.devices), HOST, port)
+    client.backoff = (0.01, 0.02)
+    task = asyncio.create_task(client.run())
+    try:
+        for _ in range(200):  # 2 s: a client that buffered the frame would wait for it (the frame timeout, 30 s)
+            if accepted >= 2:
+                break
+            await asyncio.sleep(0.01)
+        assert accepted >= 2 and client.connections >= 2, (accepted, client.connections)
+    finally:
+        task.cancel()
+        server.close()
+    assert wire.MAX_DOWNLINK_BYTES >= 1024 and client.max_frame == wire.MAX_DOWNLINK_BYTES
+
+
+@pytest.mark.asyncio
 async def test_a_collector_sending_an_oversized_frame_is_left_and_tried_again() -> None:
     """A collector whose first bytes announce a frame over the limit: the device client drops the connection
     and connects again (it used to end in a FrameTooLarge traceback); it never reports, so nothing is charged,
