@@ -53,6 +53,9 @@ class DeviceDays:
 
 #: real seconds of failed connection attempts after which a client stops (no collector there)
 GIVE_UP_AFTER = 60.0
+#: seconds a connection may stay silent before a client holding credentials concludes that the collector does
+#: not authenticate devices (one that does sends its Challenge as soon as it accepts a connection)
+NO_CHALLENGE_AFTER = 5.0
 #: stages a round may have, at one deadline each: a charge's time is at most that far into its round (THRESH and
 #: ToPL have two or three; a collector's deadline of 1e308 or -3600 put those times in the ledger)
 MAX_STAGES = 16
@@ -186,8 +189,18 @@ class DeviceClient:
         early: list[Message] = []  # frames that came with the challenge (handled after the Hello)
         nonce = None
         if self._keys is not None:
-            nonce = await asyncio.wait_for(self._challenge(reader, decoder, early), self.challenge_timeout)
+            loop = asyncio.get_running_loop()
+            since = loop.time()
+            try:
+                nonce = await asyncio.wait_for(self._challenge(reader, decoder, early), self.challenge_timeout)
+            except asyncio.TimeoutError:
+                nonce = None
             if nonce is None:
+                if not early and not decoder.pending and loop.time() - since >= NO_CHALLENGE_AFTER:
+                    raise CollectorRefused(
+                        f"the collector at {self.host}:{self.port} sent no challenge in {loop.time() - since:.0f} s: "
+                        "it does not authenticate devices (serve without --secret-file?), and these devices hold "
+                        "credentials")
                 return
         round_ = self.day // self.epoch_length + 1
         devices = self.ids.astype(np.uint32)

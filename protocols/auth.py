@@ -279,12 +279,20 @@ def unpack_credentials(raw: bytes) -> Credentials:
 
 def read_credentials(path: str | Path) -> Credentials:
     """The credentials file at ``path`` (a regular file; see :func:`unpack_credentials`)."""
+    head = len(CREDENTIALS_MAGIC) + 16
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
         with os.fdopen(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
                 raise CredentialsError(f"{path}: the credentials file must be a regular file")
-            raw = f.read()
+            raw = f.read(head)  # the header first: a file of the wrong size is refused before it is read
+            if len(raw) == head and raw.startswith(CREDENTIALS_MAGIC):
+                count = struct.unpack(">Q", raw[head - 8:])[0]
+                if st.st_size != CREDENTIALS_OVERHEAD + count * KEY_BYTES:
+                    raise CredentialsError(f"{path}: truncated or damaged: {st.st_size:,} bytes, expected "
+                                           f"{CREDENTIALS_OVERHEAD + count * KEY_BYTES:,} for {count:,} devices")
+                raw += f.read()
     except OSError as exc:
         raise CredentialsError(f"{path}: cannot read the credentials file: {exc.strerror or exc}") from None
     try:

@@ -68,12 +68,12 @@ def _num(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.4g}"
 
 
-def _progress_bar(total: int, enabled: bool, desc: str = "simulating"):
+def _progress_bar(total: int, enabled: bool, desc: str = "simulating", unit: str = "round"):
     if not enabled:
         return None, lambda: None
     from tqdm import tqdm
 
-    bar = tqdm(total=total, unit="round", desc=desc, file=sys.stderr, dynamic_ncols=True)
+    bar = tqdm(total=total, unit=unit, desc=desc, file=sys.stderr, dynamic_ncols=True)
 
     def update(done: int, of: int) -> None:
         bar.total = of  # a live run counts collections (THRESH: epochs), not rounds
@@ -327,8 +327,10 @@ def _shard_credentials(args: argparse.Namespace):
     """``--credentials FILE``: the shard's devices' credentials (protocols.auth.Credentials), or None."""
     from protocols.auth import CredentialsError, read_credentials
 
-    if not getattr(args, "credentials", None):
+    if getattr(args, "credentials", None) is None:
         return None
+    if not args.credentials:
+        raise ScenarioError("--credentials '': expected the path of this shard's credentials file")
     if args.secret_file:
         raise ScenarioError("--credentials and --secret-file: give one (a shard needs only its credentials)")
     try:
@@ -340,9 +342,10 @@ def _shard_credentials(args: argparse.Namespace):
 def cmd_credentials(args: argparse.Namespace) -> int:
     """Write each shard's device credentials to a file of its own (protocols/auth.py): the operator keeps the
     deployment secret, and each ``ldpsim devices`` process gets only its shard's file (``--credentials``)."""
+    import tempfile
+
     from protocols.auth import pack_credentials
     from scenarios.live import shard, shard_size
-    from scenarios.tables import atomic_path
 
     scenario = load(args.scenario, args.set)
     secret = _secret(args)
@@ -351,27 +354,41 @@ def cmd_credentials(args: argparse.Namespace) -> int:
     count = _int_arg("--shards", args.shards)
     if not 1 <= count <= scenario.devices:
         raise ScenarioError(f"--shards {args.shards}: expected 1 to {scenario.devices:,} (the devices)")
+    if not args.out:
+        raise ScenarioError("--out '': expected a directory for the credentials files")
     out = Path(args.out)
+    if out.is_symlink() and not out.exists():
+        raise ScenarioError(f"--out {out}: is a symbolic link to nothing")
     if out.exists() and not out.is_dir():
         raise ScenarioError(f"--out {out}: is a file, expected a directory")
     names = [credentials_name(i, count) for i in range(1, count + 1)]
-    there = [n for n in names if (out / n).exists()]
+    there = [n for n in names if os.path.lexists(out / n)]
     if there and not args.force:
         raise ScenarioError(f"--out {out}: already holds {there[0]}{f' and {len(there) - 1:,} more' if len(there) > 1 else ''}"
                             "; pass --force to overwrite")
-    out.mkdir(parents=True, exist_ok=True)
-    update, close = _progress_bar(count, not args.quiet and scenario.devices >= 1_000_000, "credentials")
+    update, close = _progress_bar(count, not args.quiet and scenario.devices >= 1_000_000, "credentials", "file")
+    written: list[str] = []  # temporary files, each created new (O_EXCL, mode 0600) under a random name
     try:
-        for i, name in enumerate(names):
+        out.mkdir(parents=True, exist_ok=True)
+        for i in range(count):
             first, held = int(shard(scenario.devices, i, count)[0]), shard_size(scenario.devices, i, count)
-            with atomic_path(out / name) as tmp:
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # readable by its owner only
-                with os.fdopen(fd, "wb") as f:
-                    f.write(pack_credentials(secret, first, held))
+            fd, tmp = tempfile.mkstemp(prefix=".credentials-", suffix=".tmp", dir=out)
+            written.append(tmp)
+            with os.fdopen(fd, "wb") as f:
+                f.write(pack_credentials(secret, first, held))
             if update is not None:
                 update(i + 1, count)
+        for tmp, name in zip(written, names):  # all written: moved into place together (a rename replaces a
+            os.replace(tmp, out / name)  # link there, never writes through it)
+        written = []
+    except OSError as exc:
+        raise ScenarioError(f"--out {out}: cannot write the credentials files: "
+                            f"{exc.strerror or exc}") from None
     finally:
         close()
+        for tmp in written:  # failed or interrupted: no file of this run is left, and the old ones are kept
+            if os.path.lexists(tmp):
+                os.unlink(tmp)
     print(f"ldpsim: credentials of {scenario.devices:,} devices in {count:,} file(s) -> {out} (key id "
           f"{auth_key_id(secret)}); give shard I only its own: ldpsim devices {shlex.quote(args.scenario)} ... "
           f"--shard I/{count} --credentials {out / credentials_name('I', count)}")
@@ -1015,7 +1032,7 @@ def _terminate(signum: int, frame: Any) -> None:
 
 
 #: commands whose SIGTERM is handled as Ctrl-C (batch jobs; the servers keep the default)
-TERM_AS_INTERRUPT = ("run", "sweep")
+TERM_AS_INTERRUPT = ("run", "sweep", "credentials")
 
 #: commands whose process ends without tearing the interpreter down (see _exit_now)
 FAST_EXIT = ("run",)

@@ -180,3 +180,58 @@ def test_serve_with_a_secret_and_shards_with_their_credentials_files(tmp_path) -
     summary = json.loads((tmp_path / "srv" / "summary.json").read_text())
     assert summary["live"]["authenticated"] is True and summary["reports"]["accepted"] == 300 * 3
     assert summary["live"]["dropped"] == {} and summary["live"]["connections"] == 2
+
+
+def test_credentials_are_never_written_through_a_planted_link_and_a_failed_set_leaves_no_file(tmp_path) -> None:
+    """With --force, a link planted at a file's name is replaced by a new 0600 file, not written through (the
+    files are created new under random names, then renamed); a set that cannot be finished (one name is a
+    directory) fails with one line and leaves no temporary file."""
+    (tmp_path / "secret").write_bytes(SECRET)
+    out = tmp_path / "c"
+    out.mkdir()
+    (tmp_path / "stolen").write_bytes(b"")
+    os.chmod(tmp_path / "stolen", 0o644)
+    (out / "credentials-shard-1-of-2.bin").symlink_to(tmp_path / "stolen")
+    done = cli("credentials", "quickstart", "--secret-file", "secret", "--shards", "2", "--out", "c", "--force",
+               *SMALL, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "stolen").read_bytes() == b""
+    target = out / "credentials-shard-1-of-2.bin"
+    assert not target.is_symlink() and stat.S_IMODE(target.stat().st_mode) == 0o600
+    assert auth.read_credentials(target).count == 150
+    (out / "credentials-shard-2-of-3.bin").mkdir()
+    failed = cli("credentials", "quickstart", "--secret-file", "secret", "--shards", "3", "--out", "c", "--force",
+                 *SMALL, cwd=tmp_path)
+    assert failed.returncode == 2 and "--out c: cannot write the credentials files" in failed.stderr
+    assert len(failed.stderr.strip().splitlines()) == 1
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]
+
+
+def test_a_file_whose_size_disagrees_with_its_header_is_refused_with_both_sizes(tmp_path) -> None:
+    path = tmp_path / "big.bin"
+    with open(path, "wb") as f:
+        f.write(auth.CREDENTIALS_MAGIC + struct.pack(">QQ", 0, 1000))
+        f.truncate(1 << 30)  # sparse: 1 GiB announced by its size, 1,000 devices by its header
+    with pytest.raises(auth.CredentialsError, match="1,073,741,824 bytes, expected 32,072 for 1,000 devices"):
+        auth.read_credentials(path)
+
+
+@pytest.mark.asyncio
+async def test_a_client_with_credentials_stops_and_says_why_when_the_collector_sends_no_challenge(monkeypatch):
+    """A collector started without a secret sends no Challenge: a client holding credentials used to wait,
+    reconnect and end a minute later blaming the network; it now stops with the reason."""
+    from agents import client as client_module
+
+    monkeypatch.setattr(client_module, "NO_CHALLENGE_AFTER", 0.3)
+    h = Harness(scenario(), dataclasses.replace(FAST, hello_timeout=30.0))
+    await h.listen()
+    n = h.sc.devices
+    creds = auth.unpack_credentials(auth.pack_credentials(SECRET, 0, n))
+    c = live.build_client(h.sc, live.shard(n, 0, 1), Ledger(n), HOST, h.port, credentials=creds)
+    c.challenge_timeout = 0.5
+    try:
+        with pytest.raises(CollectorRefused, match=r"sent no challenge in \d+ s: it does not authenticate devices"):
+            await asyncio.wait_for(c.run(), 10)
+    finally:
+        await h.server.close()
+    assert c.connections == 1
