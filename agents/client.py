@@ -7,8 +7,10 @@ an empty batch that acknowledges the stage. The devices' own day advances with t
 day observed once, in order), and ``now`` is the scenario's nominal time, as in the simulator.
 
 With its devices' credentials (``credentials``: read from the shard's credentials file; or derived once
-from a deployment ``secret``, protocols.auth) the client waits for the collector's ``Challenge`` on every connection and answers it with an authenticated ``Hello``. With a TLS
-context it connects over TLS (the collector's certificate checked against it).
+from a deployment ``secret``, protocols.auth) the client waits for the collector's ``Challenge`` on every
+connection and answers it with an authenticated ``Hello``; a collector that sends none is one that does not
+authenticate devices, and the client stops with that reason. With a TLS context it connects over TLS (the
+collector's certificate checked against it).
 """
 
 from __future__ import annotations

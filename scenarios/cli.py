@@ -309,6 +309,7 @@ def _secret(args: argparse.Namespace) -> bytes | None:
 
 
 def auth_key_id(secret: bytes) -> str:
+    """The secret's key id (protocols.auth.key_id), imported when a live command needs it."""
     from protocols.auth import key_id
 
     return key_id(secret)
@@ -364,8 +365,8 @@ def cmd_credentials(args: argparse.Namespace) -> int:
     names = [credentials_name(i, count) for i in range(1, count + 1)]
     there = [n for n in names if os.path.lexists(out / n)]
     if there and not args.force:
-        raise ScenarioError(f"--out {out}: already holds {there[0]}{f' and {len(there) - 1:,} more' if len(there) > 1 else ''}"
-                            "; pass --force to overwrite")
+        more = f" and {len(there) - 1:,} more" if len(there) > 1 else ""
+        raise ScenarioError(f"--out {out}: already holds {there[0]}{more}; pass --force to overwrite")
     update, close = _progress_bar(count, not args.quiet and scenario.devices >= 1_000_000, "credentials", "file")
     written: list[str] = []  # temporary files, each created new (O_EXCL, mode 0600) under a random name
     try:

@@ -76,8 +76,9 @@ def test_a_damaged_credentials_file_is_refused_with_what_is_wrong(damage, messag
 @pytest.mark.asyncio
 async def test_shards_with_their_own_credentials_run_and_a_forged_file_speaks_for_no_other_device() -> None:
     """Two shards authenticated by their credentials alone (no secret on the device side; the second over two
-    connections) give the simulated run's digests; a third client holding shard 2's keys in a file edited to claim shard 1's devices (its digest
-    recomputed) is refused at the MAC check, with the reason, and costs the run nothing."""
+    connections) give the simulated run's digests; a third client holding shard 2's keys in a file edited to
+    claim shard 1's devices (its digest recomputed) is refused at the MAC check, with the reason, and costs the
+    run nothing."""
     settings = dataclasses.replace(FAST, secret=SECRET)
     h = Harness(scenario(), settings)
     await h.listen()

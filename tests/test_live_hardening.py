@@ -929,33 +929,38 @@ def test_serve_exits_with_an_idle_connection_open(tmp_path) -> None:
     assert summary["reports"]["accepted"] == 300 * 3
 
 
+async def announcing_collector(length: int, body: int, hold: float = 0.0):
+    """A hostile collector that announces a frame of ``length`` bytes, sends ``body`` of them, waits ``hold``
+    seconds and closes; returns its server, port and a one-item list counting the connections it accepted."""
+    accepted = [0]
+
+    async def hostile(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted[0] += 1
+        writer.write(struct.pack(">I", length) + b"x" * body)
+        await writer.drain()
+        await asyncio.sleep(hold)
+        writer.close()
+
+    server = await asyncio.start_server(hostile, HOST, 0)
+    return server, server.sockets[0].getsockname()[1], accepted
+
+
 @pytest.mark.asyncio
 async def test_a_device_client_takes_no_collector_frame_longer_than_a_collector_message_can_be() -> None:
     """A collector announcing a 100 KB frame (every collector message is a few hundred bytes; the limit is
     wire.MAX_DOWNLINK_BYTES) is left at the frame's header and tried again, instead of being buffered up to
     64 MiB per connection while it trickles."""
     sc = protocol_scenario(PROTOCOL, **{"population.devices": 50, "rounds": 2})
-    accepted = 0
-
-    async def hostile(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        nonlocal accepted
-        accepted += 1
-        writer.write(struct.pack(">I", 100_000) + b"x" * 70_000)
-        await writer.drain()
-        await asyncio.sleep(5)  # the rest never comes
-        writer.close()
-
-    server = await asyncio.start_server(hostile, HOST, 0)
-    port = server.sockets[0].getsockname()[1]
+    server, port, accepted = await announcing_collector(100_000, 70_000, hold=5.0)  # the rest never comes
     client = live.build_client(sc, live.shard(sc.devices, 0, 1), Ledger(sc.devices), HOST, port)
     client.backoff = (0.01, 0.02)
     task = asyncio.create_task(client.run())
     try:
         for _ in range(200):  # 2 s: a client that buffered the frame would wait for it (the frame timeout, 30 s)
-            if accepted >= 2:
+            if accepted[0] >= 2:
                 break
             await asyncio.sleep(0.01)
-        assert accepted >= 2 and client.connections >= 2, (accepted, client.connections)
+        assert accepted[0] >= 2 and client.connections >= 2, (accepted, client.connections)
     finally:
         task.cancel()
         server.close()
@@ -968,26 +973,16 @@ async def test_a_collector_sending_an_oversized_frame_is_left_and_tried_again() 
     and connects again (it used to end in a FrameTooLarge traceback); it never reports, so nothing is charged,
     and with no collector left it stops with the one ConnectionError `ldpsim devices` turns into one line."""
     sc = protocol_scenario(PROTOCOL, **{"population.devices": 50, "rounds": 2})
-    accepted = 0
-
-    async def hostile(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        nonlocal accepted
-        accepted += 1
-        writer.write(struct.pack(">I", 0xFFFFFFF0) + b"x" * 64)
-        await writer.drain()
-        writer.close()
-
-    server = await asyncio.start_server(hostile, HOST, 0)
-    port = server.sockets[0].getsockname()[1]
+    server, port, accepted = await announcing_collector(0xFFFFFFF0, 64)
     ledger = Ledger(sc.devices)
     client = live.build_client(sc, live.shard(sc.devices, 0, 1), ledger, HOST, port)
     client.backoff, client.give_up_after = (0.01, 0.02), 0.3
     task = asyncio.create_task(client.run())
     for _ in range(500):  # 5 s at most: a client that died at the first frame never comes back
-        if accepted >= 3 or task.done():
+        if accepted[0] >= 3 or task.done():
             break
         await asyncio.sleep(0.01)
-    assert accepted >= 3 and not task.done(), task.exception() if task.done() else accepted
+    assert accepted[0] >= 3 and not task.done(), task.exception() if task.done() else accepted
     server.close()
     await server.wait_closed()
     with pytest.raises(ConnectionError, match="no collector at"):
@@ -1112,6 +1107,15 @@ async def test_devices_refused_mid_run_keep_what_they_spent() -> None:
     assert (outcome.ledger.spend > 0).all()  # every device answered round 1, and was charged for it
 
 
+async def knock_with_a_bad_mac(port: int, ids) -> bool:
+    """Connect, answer the challenge with a Hello for ``ids`` and a wrong MAC; whether the server closed it."""
+    reader, writer = await connect(port)
+    challenge = await read_frame(reader)
+    writer.write(hello(ids, mac=b"\0" * 64, round_=challenge.round))
+    await writer.drain()
+    return await closed_by_server(reader, timeout=5)
+
+
 @pytest.mark.asyncio
 async def test_a_hello_queued_behind_slow_verifications_waits_at_most_the_hello_timeout(monkeypatch) -> None:
     """MACs are checked one Hello at a time: a Hello queued behind another's check is refused once it has
@@ -1123,16 +1127,9 @@ async def test_a_hello_queued_behind_slow_verifications_waits_at_most_the_hello_
     server, _, _ = live.build_server(sc, Ledger(sc.devices), None, settings)
     port = await server.start(HOST, 0)
     try:
-        async def knock():
-            reader, writer = await connect(port)
-            challenge = await read_frame(reader)
-            writer.write(hello([1, 2, 3], mac=b"\0" * 64, round_=challenge.round))
-            await writer.drain()
-            return await closed_by_server(reader, timeout=5)
-
-        first = asyncio.ensure_future(knock())
+        first = asyncio.ensure_future(knock_with_a_bad_mac(port, [1, 2, 3]))
         await asyncio.sleep(0.1)  # the first Hello's check has begun
-        assert await knock() and await first
+        assert await knock_with_a_bad_mac(port, [1, 2, 3]) and await first
     finally:
         await server.close()
     assert server.drops == {"auth": 1, "hello_timeout": 1}, server.drops
@@ -1150,18 +1147,11 @@ async def test_hellos_waiting_for_their_mac_check_count_against_the_buffer_budge
     server, _, _ = live.build_server(sc, Ledger(sc.devices), None, settings)
     port = await server.start(HOST, 0)
     try:
-        async def knock():
-            reader, writer = await connect(port)
-            challenge = await read_frame(reader)
-            writer.write(hello(range(10_000), mac=b"\0" * 64, round_=challenge.round))  # 40 KB of ids, twice
-            await writer.drain()
-            return await closed_by_server(reader, timeout=5)
-
-        first = asyncio.ensure_future(knock())
+        first = asyncio.ensure_future(knock_with_a_bad_mac(port, range(10_000)))  # 40 KB of ids, twice
         await asyncio.sleep(0.2)  # the first Hello's check has begun
         held = server._buffered_unknown
         assert 80_000 <= held <= 100_000, held  # its frame (40 KB) and its ids (40 KB) are counted
-        assert await knock() and await first
+        assert await knock_with_a_bad_mac(port, range(10_000)) and await first
     finally:
         await server.close()
     assert server.drops == {"auth": 1, "buffer_budget": 1}, server.drops
