@@ -67,9 +67,10 @@ import hmac
 import os
 import stat
 import struct
-from pathlib import Path
-
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Iterator
 
 import numpy as np
 
@@ -104,17 +105,26 @@ class CredentialsError(ValueError):
 MAX_SECRET_FILE = 4096
 
 
-def read_secret(path: str | Path) -> bytes:
-    """The deployment secret in ``path``, a regular file of at most MAX_SECRET_FILE bytes: its bytes,
-    surrounding whitespace stripped (>= 16 bytes). A FIFO, device or directory is refused without blocking."""
+@contextmanager
+def _regular_file(path: str | Path, what: str, error: type[ValueError]) -> Iterator[tuple[BinaryIO, int]]:
+    """``path`` open for reading, with its size, if it is a regular file; else ``error`` naming the ``what`` file.
+    Opened without blocking, so that a FIFO, device or directory is refused rather than waited on."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
         with os.fdopen(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                raise SecretError(f"{path}: the secret file must be a regular file")
-            secret = f.read(MAX_SECRET_FILE + 1)
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise error(f"{path}: the {what} file must be a regular file")
+            yield f, st.st_size
     except OSError as exc:
-        raise SecretError(f"{path}: cannot read the secret file: {exc.strerror or exc}") from None
+        raise error(f"{path}: cannot read the {what} file: {exc.strerror or exc}") from None
+
+
+def read_secret(path: str | Path) -> bytes:
+    """The deployment secret in ``path``, a regular file of at most MAX_SECRET_FILE bytes: its bytes,
+    surrounding whitespace stripped (>= 16 bytes). A FIFO, device or directory is refused without blocking."""
+    with _regular_file(path, "secret", SecretError) as (f, _):
+        secret = f.read(MAX_SECRET_FILE + 1)
     if len(secret) > MAX_SECRET_FILE:
         raise SecretError(f"{path}: the secret file is larger than {MAX_SECRET_FILE:,} bytes")
     secret = secret.strip()
@@ -280,21 +290,14 @@ def unpack_credentials(raw: bytes) -> Credentials:
 def read_credentials(path: str | Path) -> Credentials:
     """The credentials file at ``path`` (a regular file; see :func:`unpack_credentials`)."""
     head = len(CREDENTIALS_MAGIC) + 16
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-        with os.fdopen(fd, "rb") as f:
-            st = os.fstat(f.fileno())
-            if not stat.S_ISREG(st.st_mode):
-                raise CredentialsError(f"{path}: the credentials file must be a regular file")
-            raw = f.read(head)  # the header first: a file of the wrong size is refused before it is read
-            if len(raw) == head and raw.startswith(CREDENTIALS_MAGIC):
-                count = struct.unpack(">Q", raw[head - 8:])[0]
-                if st.st_size != CREDENTIALS_OVERHEAD + count * KEY_BYTES:
-                    raise CredentialsError(f"{path}: truncated or damaged: {st.st_size:,} bytes, expected "
-                                           f"{CREDENTIALS_OVERHEAD + count * KEY_BYTES:,} for {count:,} devices")
-                raw += f.read()
-    except OSError as exc:
-        raise CredentialsError(f"{path}: cannot read the credentials file: {exc.strerror or exc}") from None
+    with _regular_file(path, "credentials", CredentialsError) as (f, size):
+        raw = f.read(head)  # the header first: a file of the wrong size is refused before it is read
+        if len(raw) == head and raw.startswith(CREDENTIALS_MAGIC):
+            count = struct.unpack(">Q", raw[head - 8:])[0]
+            if size != CREDENTIALS_OVERHEAD + count * KEY_BYTES:
+                raise CredentialsError(f"{path}: truncated or damaged: {size:,} bytes, expected "
+                                       f"{CREDENTIALS_OVERHEAD + count * KEY_BYTES:,} for {count:,} devices")
+            raw += f.read()
     try:
         return unpack_credentials(raw)
     except CredentialsError as exc:

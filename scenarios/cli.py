@@ -346,7 +346,7 @@ def cmd_credentials(args: argparse.Namespace) -> int:
     import tempfile
 
     from protocols.auth import pack_credentials
-    from scenarios.live import shard, shard_size
+    from scenarios.live import shard_first, shard_size
 
     scenario = load(args.scenario, args.set)
     secret = _secret(args)
@@ -372,7 +372,7 @@ def cmd_credentials(args: argparse.Namespace) -> int:
     try:
         out.mkdir(parents=True, exist_ok=True)
         for i in range(count):
-            first, held = int(shard(scenario.devices, i, count)[0]), shard_size(scenario.devices, i, count)
+            first, held = shard_first(scenario.devices, i, count), shard_size(scenario.devices, i, count)
             fd, tmp = tempfile.mkstemp(prefix=".credentials-", suffix=".tmp", dir=out)
             written.append(tmp)
             with os.fdopen(fd, "wb") as f:
@@ -583,7 +583,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
         raise ScenarioError("--resume: the saved device state is in --out DIR; give it")
     from agents.client import GIVE_UP_AFTER
     from scenarios import journal
-    from scenarios.live import shard, shard_size
+    from scenarios.live import shard_first, shard_size
 
     if args.out:
         journal.refuse_finished_state(args.out, int(index), int(count))
@@ -593,7 +593,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
         raise ScenarioError(f"--shard {args.shard}: holds no device ({scenario.devices:,} devices over {count} shards)")
     args.connections = _connections(args.connections, held, 1)
     credentials, secret = _shard_credentials(args), _secret(args)
-    first = int(shard(scenario.devices, int(index) - 1, int(count))[0])
+    first = shard_first(scenario.devices, int(index) - 1, int(count))
     if credentials is not None and (credentials.first, credentials.count) != (first, held):
         raise ScenarioError(
             f"--credentials {args.credentials}: holds devices {_span(credentials.first, credentials.count)}, not "

@@ -158,12 +158,18 @@ def process_days(sc: Scenario) -> DeviceDays:
 
 def shard(n: int, index: int, count: int) -> np.ndarray:
     """Device ids of shard ``index`` (0-based) of ``count`` contiguous shards."""
-    return np.arange(n * index // count, n * (index + 1) // count, dtype=np.int64)
+    first = shard_first(n, index, count)
+    return np.arange(first, first + shard_size(n, index, count), dtype=np.int64)
+
+
+def shard_first(n: int, index: int, count: int) -> int:
+    """The first device id of :func:`shard`, without building it."""
+    return n * index // count
 
 
 def shard_size(n: int, index: int, count: int) -> int:
     """How many devices :func:`shard` holds, without building it."""
-    return n * (index + 1) // count - n * index // count
+    return shard_first(n, index + 1, count) - shard_first(n, index, count)
 
 
 async def run_embedded(sc: Scenario, connections: int = 2, events: TextIO | None = None,
