@@ -23,7 +23,9 @@ Hostile input is bounded (every cause counted in ``drops``; summary.json's ``liv
   connections whose Hello was accepted, and those that have not said one. A peer without a Hello can fill
   only the second pool, so it never costs a registered connection its report batches;
 - a Hello waiting for its MAC check holds its bytes in the second pool too: a queue of Hellos is bounded by the
-  same budget (``buffer_budget``);
+  same budget (``buffer_budget``). MACs are checked one Hello at a time, each host with at most one Hello in
+  that queue, and the holder check comes before the full MAC (:meth:`LiveCollector._admit`): a host flooding
+  Hellos, with valid credentials or without, delays another host's by one check;
 - connections beyond ``max_connections`` (default: devices + 64, at most RLIMIT_NOFILE - 64): the newcomer takes
   the place of the oldest connection that has said no Hello and has been open at least :data:`EVICT_AGE`
   seconds (``evicted``), and is closed at once when there is none (``connection_limit``), so that idle peers
@@ -44,7 +46,6 @@ gets at most one line per drop cause per round, and one line with the round's co
 from __future__ import annotations
 
 import asyncio
-import functools
 import os
 import resource
 import socket
@@ -107,6 +108,14 @@ class Refused(Exception):
         super().__init__(detail or cause)
         self.cause, self.detail, self.tell = cause, detail or cause, tell
         self.told = told or self.detail  # what the client is sent (an unauthenticated peer learns less)
+
+
+@dataclass
+class Lane:
+    """A host's turn at the MAC check (LiveCollector._verify): the Hellos of that host waiting for it or in it."""
+
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    users: int = 0
 
 
 @dataclass(eq=False)  # identity-hashed: connections live in a set
@@ -192,6 +201,7 @@ class LiveCollector:
         self._acked = asyncio.Event()
         self._registered = asyncio.Event()
         self._verifying = asyncio.Lock()  # one Hello's MAC checked at a time (_admit)
+        self._lanes: dict[str, Lane] = {}  # by host: at most one of its Hellos queued for _verifying
         self._logged = 0
         self.current_round = 0
         self.frames_sent = 0
@@ -473,8 +483,15 @@ class LiveCollector:
 
     async def _admit(self, conn: Connection, msg: Hello) -> None:
         """Register the Hello's devices on ``conn``, or raise :class:`Refused`: the cheap checks first, then (with
-        a secret) the MAC, one Hello at a time on a worker thread (about 1.5 us an id: the event loop keeps
-        serving every other connection), then the checks that tell an authenticated peer about this run."""
+        a secret) the MAC on a worker thread (about 1.5 us an id: the event loop keeps serving every other
+        connection), then the checks that tell an authenticated peer about this run.
+
+        MACs are checked one Hello at a time, and each host has at most one Hello in that queue (its others wait
+        their turn behind it), so that a flood of Hellos from one host (a taken-over shard holding valid
+        credentials, say) delays another host's Hello by at most one check. Whether another connection holds the
+        devices is checked after the probe and the sample (which a peer without nearly all the credentials it
+        names fails) and before the full MAC, so that Hellos for devices already registered cost 65 derivations
+        each, not one per id."""
         self._check_ids(conn, msg)
         secret = self.settings.secret
         if secret is not None:
@@ -483,17 +500,7 @@ class LiveCollector:
             conn.verifying = True
             self._unpend(conn)  # its Hello is in hand: bounded by the hello timeout and the buffer budget
             try:
-                try:  # a Hello queues for its turn at most the hello timeout (a flood of them holds no slot longer)
-                    await asyncio.wait_for(self._verifying.acquire(), self.settings.hello_timeout)
-                except asyncio.TimeoutError:
-                    raise Refused("hello_timeout", f"its hello waited more than {self.settings.hello_timeout:g} s "
-                                                   f"for its turn to be verified") from None
-                try:
-                    verified = await asyncio.get_running_loop().run_in_executor(
-                        None, functools.partial(auth.verify_hello, secret, conn.nonce or b"", msg.round,
-                                                msg.protocol, msg.devices.astype(np.uint64), msg.mac))
-                finally:
-                    self._verifying.release()
+                verified = await self._verify(conn, msg, secret)
             finally:
                 conn.verifying = False
             if not verified:
@@ -502,6 +509,39 @@ class LiveCollector:
             if conn.closed:
                 return
         self._on_hello(conn, msg)
+
+    async def _verify(self, conn: Connection, msg: Hello, secret: bytes) -> bool:
+        """Whether the Hello's MAC is valid (:meth:`_admit`); raises :class:`Refused` when it waited more than
+        the hello timeout for its turn, or when another connection holds its devices."""
+        entry = self._lanes.setdefault(conn.host, Lane())
+        lane = entry.lock
+        entry.users += 1
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.hello_timeout
+        try:
+            try:  # a Hello queues for its turn at most the hello timeout (a flood of them holds no slot longer)
+                await asyncio.wait_for(lane.acquire(), self.settings.hello_timeout)
+                try:
+                    await asyncio.wait_for(self._verifying.acquire(), max(0.0, deadline - loop.time()))
+                except BaseException:
+                    lane.release()
+                    raise
+            except asyncio.TimeoutError:
+                raise Refused("hello_timeout", f"its hello waited more than {self.settings.hello_timeout:g} s "
+                                               f"for its turn to be verified") from None
+            try:
+                args = (secret, conn.nonce or b"", msg.round, msg.protocol, msg.devices.astype(np.uint64), msg.mac)
+                if not await loop.run_in_executor(None, auth.check_sample, *args):
+                    return False
+                self._check_held(msg)
+                return bool(await loop.run_in_executor(None, auth.check_full, *args))
+            finally:
+                self._verifying.release()
+                lane.release()
+        finally:
+            entry.users -= 1
+            if not entry.users:
+                del self._lanes[conn.host]
 
     def _check_ids(self, conn: Connection, msg: Hello) -> None:
         """The checks that cost nothing per id, before any key is derived: one Hello a connection, at least one
@@ -526,10 +566,8 @@ class LiveCollector:
         if self.scenario is not None and msg.scenario is not None and msg.scenario != self.scenario:
             raise Refused("scenario", "the devices run another scenario than this collector (its file or --set "
                                       "options differ)", tell=True)
+        self._check_held(msg)
         ids = msg.devices.astype(np.int64)
-        held = int(np.count_nonzero(self.holder[ids]))
-        if held:  # not told: the holder may be a connection of the same devices that is about to be dropped
-            raise Refused("ids_held", f"{held} of the hello's {ids.size} devices are held by another connection")
         conn.hello = True
         self._unpend(conn)
         conn.devices = ids
@@ -547,6 +585,13 @@ class LiveCollector:
             conn.writer.write(self._stage_frame)
         if self._held == self.n_devices:
             self._registered.set()
+
+    def _check_held(self, msg: Hello) -> None:
+        """Refuse (``ids_held``) a Hello naming a device another live connection holds."""
+        ids = msg.devices.astype(np.int64)
+        held = int(np.count_nonzero(self.holder[ids]))
+        if held:  # not told: the holder may be a connection of the same devices that is about to be dropped
+            raise Refused("ids_held", f"{held} of the hello's {ids.size} devices are held by another connection")
 
     def _strike(self) -> None:
         """A stage timed out: each connection still owing its acknowledgement gets a strike, and one with

@@ -33,7 +33,9 @@ from the message (with repetition). The collector recomputes the three from ``S`
   per connection's Hello, in constant memory) and the client the same once at start. The collector checks
   ids cheaply first (range and duplicates), so that an unauthenticated peer cannot make it derive keys for ids
   the checks refuse, and refuses a first frame longer than a Hello of its whole population; it verifies one
-  Hello at a time, off its event loop, and only then says whether another connection holds the devices
+  Hello at a time, off its event loop, taking the hosts in turn, and checks whether another connection holds
+  the devices after the probe and the sample but before the full MAC, so that a peer holding valid
+  credentials cannot make it pay the full MAC again and again for devices already registered
   (collector/server.py).
 - *A forged Hello costs little:* without credentials it is refused after one derivation (the probe), however
   many ids it names. A peer holding the credentials of a share f of the ids it names passes the probe with
@@ -199,13 +201,19 @@ VERIFY_CHUNK = 1 << 16
 
 def verify_hello(secret: bytes, nonce: bytes, round_: int, protocol: str, ids: np.ndarray,
                  mac: bytes | None) -> bool:
-    """Whether ``mac`` is the Hello MAC for these devices under ``secret`` and this connection's ``nonce``.
+    """Whether ``mac`` is the Hello MAC for these devices under ``secret`` and this connection's ``nonce``:
+    :func:`check_sample` (65 derivations), then :func:`check_full` (one per id)."""
+    return (check_sample(secret, nonce, round_, protocol, ids, mac)
+            and check_full(secret, nonce, round_, protocol, ids, mac))
 
-    The probe is checked first, with one credential (a Hello forged without credentials is refused after one
-    derivation however many ids it names), then the sample, with 64 (one forged by a peer holding some of
-    the credentials is refused there), then the full MAC, in constant memory: HMAC replaces a key longer than
-    its 64-byte block by the key's SHA256, so the concatenated credentials are hashed as they are derived,
-    :data:`VERIFY_CHUNK` ids at a time (a Hello of millions of ids held gigabytes of keys at once)."""
+
+def check_sample(secret: bytes, nonce: bytes, round_: int, protocol: str, ids: np.ndarray,
+                 mac: bytes | None) -> bool:
+    """The cheap part of :func:`verify_hello`: the probe, with one credential (a Hello forged without
+    credentials is refused after one derivation however many ids it names), then the sample, with 64 (one
+    forged by a peer holding some of the credentials is refused there). A Hello that passes comes from a peer
+    holding nearly all the credentials it names; the collector may then tell it things about the run (that
+    another connection holds its devices) before it pays for :func:`check_full`."""
     if mac is None or len(ids) == 0 or len(mac) != MAC_BYTES:
         return False
     ids = np.asarray(ids)
@@ -216,8 +224,18 @@ def verify_hello(secret: bytes, nonce: bytes, round_: int, protocol: str, ids: n
         return False
     sample = hmac.digest(device_keys(secret, ids[sample_indices(message, ids.size)]), SAMPLE_CONTEXT + message,
                          "sha256")[:CHECK_BYTES]
-    if not hmac.compare_digest(sample, mac[CHECK_BYTES:2 * CHECK_BYTES]):
+    return hmac.compare_digest(sample, mac[CHECK_BYTES:2 * CHECK_BYTES])
+
+
+def check_full(secret: bytes, nonce: bytes, round_: int, protocol: str, ids: np.ndarray,
+               mac: bytes | None) -> bool:
+    """The full MAC of :func:`verify_hello` alone (one derivation per id), in constant memory: HMAC replaces a
+    key longer than its 64-byte block by the key's SHA256, so the concatenated credentials are hashed as they
+    are derived, :data:`VERIFY_CHUNK` ids at a time (a Hello of millions of ids held gigabytes of keys)."""
+    if mac is None or len(ids) == 0 or len(mac) != MAC_BYTES:
         return False
+    ids = np.asarray(ids)
+    message = hello_message(nonce, round_, protocol, ids)
     if ids.size * KEY_BYTES <= 64:  # a short key is used as it is
         keys = device_keys(secret, ids)
     else:

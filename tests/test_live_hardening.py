@@ -410,18 +410,21 @@ async def test_a_hello_outside_the_population_costs_no_key_and_tells_nothing_of_
 
     derived: list[int] = []
     threads: list[int] = []
-    real_keys, real_verify = auth.device_keys, auth.verify_hello
+    real_keys = auth.device_keys
 
     def counting_keys(secret, ids):
         derived.append(len(ids))
         return real_keys(secret, ids)
 
-    def recording_verify(*args):
-        threads.append(threading.get_ident())
-        return real_verify(*args)
+    def recording(check):
+        def recorded(*args):
+            threads.append(threading.get_ident())
+            return check(*args)
+        return recorded
 
     monkeypatch.setattr(auth, "device_keys", counting_keys)
-    monkeypatch.setattr(auth, "verify_hello", recording_verify)
+    monkeypatch.setattr(auth, "check_sample", recording(auth.check_sample))
+    monkeypatch.setattr(auth, "check_full", recording(auth.check_full))
     h = await started(settings=dataclasses.replace(FAST, secret=SECRET))
     await h.registered()
     n = h.sc.devices
@@ -1121,7 +1124,7 @@ async def test_a_hello_queued_behind_slow_verifications_waits_at_most_the_hello_
     """MACs are checked one Hello at a time: a Hello queued behind another's check is refused once it has
     waited the hello timeout (``hello_timeout``) rather than holding its connection and its bytes for as long
     as the queue takes (a flood of full-population Hellos held hundreds of MB)."""
-    monkeypatch.setattr(server_module.auth, "verify_hello", lambda *args: (time.sleep(1.0), False)[1])
+    monkeypatch.setattr(server_module.auth, "check_sample", lambda *args: (time.sleep(1.0), False)[1])
     sc = scenario()
     settings = dataclasses.replace(FAST, secret=SECRET, hello_timeout=0.4)
     server, _, _ = live.build_server(sc, Ledger(sc.devices), None, settings)
@@ -1141,7 +1144,7 @@ async def test_hellos_waiting_for_their_mac_check_count_against_the_buffer_budge
     the connections without an accepted Hello, so a queue of large Hellos is bounded by the buffer budget
     (``buffer_budget``) instead of growing with the connections (911 MB at 20,000 of them). The pool is empty
     again once the Hellos are refused."""
-    monkeypatch.setattr(server_module.auth, "verify_hello", lambda *args: (time.sleep(0.5), False)[1])
+    monkeypatch.setattr(server_module.auth, "check_sample", lambda *args: (time.sleep(0.5), False)[1])
     sc = scenario(devices=20_000)
     settings = dataclasses.replace(FAST, secret=SECRET, buffer_budget=100_000, hello_timeout=5.0)
     server, _, _ = live.build_server(sc, Ledger(sc.devices), None, settings)
@@ -1199,3 +1202,76 @@ async def test_an_embedded_live_run_lets_all_its_own_connections_in_at_once() ->
     sc = scenario(devices=100, rounds=2, cohort=10)
     result = await live.run_embedded(sc, connections=100, settings=FAST)
     assert result.extra["live"]["dropped"] == {} and result.extra["live"]["connections"] == 100
+
+
+@pytest.mark.asyncio
+async def test_hellos_with_valid_credentials_for_registered_devices_cost_the_sample_not_the_full_mac(
+        monkeypatch) -> None:
+    """An attacker's finding: a taken-over shard (valid credentials) sending Hello after Hello for its own
+    devices, already registered by its honest connection, made the collector derive every one of their keys
+    each time (the full MAC came before the holder check): 50,000-device Hellos delayed another shard's
+    registration from 1.2 s to 11 s. The holder is now checked after the probe and the sample, before the full
+    MAC: each such Hello is refused (``ids_held``) after 65 derivations. The honest run is the simulated run."""
+    sc = scenario()
+    h = Harness(sc, dataclasses.replace(FAST, secret=SECRET))
+    await h.listen()
+    h.start_clients()
+    await h.registered()  # the run starts after the knocks: the honest connections hold their devices meanwhile
+    shard0 = live.shard(sc.devices, 0, 2)
+    keys = auth.device_keys(SECRET, shard0)
+    derived: list[int] = []
+    real_keys = auth.device_keys
+    monkeypatch.setattr(auth, "device_keys", lambda secret, some: (derived.append(len(some)),
+                                                                     real_keys(secret, some))[1])
+    for _ in range(5):
+        reader, writer = await connect(h.port)
+        challenge = await read_frame(reader)
+        mac = auth.hello_mac(keys, challenge.nonce, challenge.round, PROTOCOL, shard0)
+        writer.write(hello(shard0, mac=mac, round_=challenge.round))
+        assert await closed_by_server(reader)
+        writer.close()
+    h.start_run()
+    got = await h.finish()
+    assert got["digests"] == simulated()
+    assert h.server.drops == {"ids_held": 5}, h.server.drops
+    assert derived == [1, auth.SAMPLE] * 5, derived  # the probe and the sample; never the shard's 200 keys
+
+
+@pytest.mark.asyncio
+async def test_a_flood_of_hellos_from_one_host_delays_another_host_s_hello_by_one_check(monkeypatch) -> None:
+    """MACs are checked one Hello at a time, and each host has at most one Hello queued for that check: six
+    Hellos from 127.0.0.2, each check taking 0.3 s, then one from 127.0.0.3. The second host's Hello is checked
+    right after the one in progress, not after the other five (a flood of them from one host, say a shard
+    whose credentials leaked, held every other host's registration behind the whole flood)."""
+    checked: list[int] = []
+
+    def slow_check(*args):
+        checked.append(int(args[4][0]))
+        time.sleep(0.3)
+        return False
+
+    monkeypatch.setattr(server_module.auth, "check_sample", slow_check)
+    sc = scenario()
+    server, _, _ = live.build_server(sc, Ledger(sc.devices), None, dataclasses.replace(FAST, secret=SECRET))
+    port = await server.start(HOST, 0)
+
+    async def knock(source: str, first: int) -> bool:
+        reader, writer = await asyncio.open_connection(HOST, port, local_addr=(source, 0))
+        challenge = await read_frame(reader)
+        writer.write(hello([first, first + 1], mac=b"\0" * 64, round_=challenge.round))
+        await writer.drain()
+        try:
+            return await closed_by_server(reader, timeout=10)
+        finally:
+            writer.close()
+
+    try:
+        flood = [asyncio.ensure_future(knock("127.0.0.2", 1)) for _ in range(6)]
+        await asyncio.sleep(0.15)  # the first check has begun; the other five wait
+        assert await knock("127.0.0.3", 100)
+        assert all(await asyncio.gather(*flood))
+    finally:
+        await server.close()
+    assert sorted(checked) == [1] * 6 + [100] and checked.index(100) <= 1, checked
+    assert server.drops == {"auth": 7}, server.drops
+    assert server._lanes == {}  # no host's turn left behind

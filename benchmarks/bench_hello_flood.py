@@ -1,0 +1,118 @@
+"""Benchmark: a taken-over shard flooding the live collector with valid Hellos (issue 13's live hardening).
+
+Two shards of ``--devices`` each over 127.0.0.1, with a deployment secret. Shard 0 registers; then
+``--attackers`` connections holding shard 0's credentials send, one after another, Hellos for shard 0's
+devices with valid MACs (each refused as ``ids_held``), and shard 1 connects. Reported: the time from shard 1's
+connect to the whole population being registered, with and without the flood, measured in the same run
+(their ratio is the flood's cost), and the number of flooding Hellos the collector answered meanwhile. Before
+the holder check moved ahead of the full MAC (and hosts took turns at the MAC check), each flooding Hello cost
+one key derivation per device of shard 0.
+
+    python benchmarks/bench_hello_flood.py                     # 2 x 50,000 devices, 8 attackers
+    python benchmarks/bench_hello_flood.py --devices 200000 --attackers 32 --no-record
+
+Results are appended to benchmarks/results.jsonl (one line) and printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import platform
+import secrets
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT.parent))
+sys.path.insert(0, str(ROOT))
+
+from yardstick import append_result  # noqa: E402  (benchmarks/yardstick.py)
+
+HOST = "127.0.0.1"
+PROTOCOL = "1bitrrpm"
+
+
+async def register_shard_1(devices: int, attackers: int, secret: bytes) -> dict:
+    """Seconds from shard 1's connect until the population is registered, with ``attackers`` flooding."""
+    from collector.server import LiveSettings
+    from protocols import auth, wire
+    from protocols.framing import frame
+    from protocols.ledger import Ledger
+    from protocols.messages import Hello
+    from scenarios import live
+    from tests.support import protocol_scenario
+
+    n = 2 * devices
+    sc = protocol_scenario(PROTOCOL, **{"population.devices": n, "rounds": 3, "simulation.cohort_size": devices,
+                                         "network.loss": 0, "network.jitter": 0})
+    settings = LiveSettings(stage_timeout=5.0, read_timeout=2.0, startup_timeout=120.0, hello_timeout=60.0,
+                            write_timeout=2.0, secret=secret)
+    server, _, _ = live.build_server(sc, Ledger(n), None, settings)
+    port = await server.start(HOST, 0)
+    shard0, shard1 = live.shard(n, 0, 2), live.shard(n, 1, 2)
+    keys = auth.device_keys(secret, shard0)
+    tasks = [asyncio.create_task(live.build_client(sc, shard0, Ledger(n), HOST, port, None, secret).run())]
+    while server._held < shard0.size:
+        await asyncio.sleep(0.01)
+    stop, sent = asyncio.Event(), [0]
+
+    async def attacker() -> None:
+        while not stop.is_set():
+            reader, writer = await asyncio.open_connection(HOST, port)
+            try:
+                length = int.from_bytes(await reader.readexactly(4), "big")
+                challenge = wire.decode(await reader.readexactly(length))
+                mac = auth.hello_mac(keys, challenge.nonce, challenge.round, PROTOCOL, shard0)
+                writer.write(frame(wire.encode(Hello(round=challenge.round, protocol=PROTOCOL,
+                                                     devices=shard0.astype("uint32"), mac=mac))))
+                sent[0] += 1
+                while await reader.read(1 << 16):  # until the collector closes it
+                    pass
+            except (ConnectionError, asyncio.IncompleteReadError):
+                pass
+            finally:
+                writer.close()
+
+    tasks += [asyncio.create_task(attacker()) for _ in range(attackers)]
+    await asyncio.sleep(0.5)  # the flood under way
+    start = time.perf_counter()
+    tasks.append(asyncio.create_task(live.build_client(sc, shard1, Ledger(n), HOST, port, None, secret).run()))
+    await asyncio.wait_for(server._registered.wait(), 120)
+    took = time.perf_counter() - start
+    stop.set()
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await server.close()
+    return {"seconds": round(took, 3), "flooding_hellos": sent[0], "drops": dict(server.drops)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--devices", type=int, default=50_000, help="devices per shard (default 50,000)")
+    parser.add_argument("--attackers", type=int, default=8, help="flooding connections (default 8)")
+    parser.add_argument("--no-record", action="store_true", help="print only; do not append to results.jsonl")
+    args = parser.parse_args()
+    if args.devices < 1 or args.attackers < 1:
+        parser.error("--devices and --attackers must be at least 1")
+    import structlog
+
+    structlog.configure(logger_factory=structlog.ReturnLoggerFactory())  # the collector's log lines: not here
+    secret = secrets.token_bytes(32)
+    quiet = asyncio.run(register_shard_1(args.devices, 0, secret))
+    flood = asyncio.run(register_shard_1(args.devices, args.attackers, secret))
+    entry = {"benchmark": "hello_flood", "python": platform.python_version(), "devices_per_shard": args.devices,
+             "attackers": args.attackers, "register_seconds_quiet": quiet["seconds"],
+             "register_seconds_flood": flood["seconds"], "flood_over_quiet": round(flood["seconds"] / quiet["seconds"], 2),
+             "flooding_hellos": flood["flooding_hellos"], "flood_drops": flood["drops"]}
+    print(json.dumps(entry))
+    if not args.no_record:
+        append_result(entry)
+
+
+if __name__ == "__main__":
+    main()
