@@ -982,6 +982,10 @@ def _command(args: argparse.Namespace) -> int:
         # reason, not a traceback
         print(f"ldpsim: error: {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # any other the system raised: a name too long, a full disk, a read-only file system
+        print(f"ldpsim: error: {str(exc.filename) + ': ' if exc.filename else ''}{exc.strerror or exc}",
+              file=sys.stderr)
+        return 2
     except MemoryError:  # past the up-front checks (a privacy audit of 2e9 trials, a data file of 1e9 digits)
         print("ldpsim: error: out of memory: the run, audit or file asks for more than this machine has",
               file=sys.stderr)

@@ -311,6 +311,20 @@ def test_an_out_path_under_a_file_is_one_line_in_every_command(tmp_path, capsys)
         assert err[-1] == f"ldpsim: error: {out}: Not a directory", (argv, err)
 
 
+def test_an_out_name_the_file_system_refuses_is_one_line_in_every_command(tmp_path, capsys):
+    """A path component longer than the file system takes (255 bytes) was a traceback of OSError from `run`
+    (found by a hostile-input pass): now one line naming the path and the system's reason, and nothing left."""
+    out = str(tmp_path / ("a" * 300))
+    for argv in (["run", "quickstart", "--set", "population.devices=200", "--set", "rounds=2", "--quiet"],
+                 ["live", "quickstart", "--set", "population.devices=200", "--set", "rounds=2", "--quiet"],
+                 ["privacy-audit", "1bitmean", "--trials", "100", "--rounds", "2", "--quiet"]):
+        assert main([*argv, "--out", out]) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1].startswith(f"ldpsim: error: {out}") and err[-1].endswith(": File name too long"), (argv, err)
+        assert not [line for line in err if not line.startswith("ldpsim: ")], err  # no traceback
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_bad_scenario_file(tmp_path):
     text = (schema.SHIPPED / "quickstart.toml").read_text(encoding="utf-8")
     assert "share = 0.7" in text
