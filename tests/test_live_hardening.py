@@ -401,11 +401,13 @@ async def test_devices_of_another_protocol_or_scenario_are_refused_with_the_reas
 
 
 @pytest.mark.asyncio
-async def test_a_hello_outside_the_population_costs_no_key_and_tells_nothing_of_it(monkeypatch) -> None:
+async def test_a_hello_outside_the_population_is_refused_as_a_forged_one_and_tells_nothing_of_it(monkeypatch) -> None:
     """With a secret, a Hello naming ids beyond the population (millions of them would take seconds of key
-    derivation) is refused before any credential is derived, told what a bad MAC is told (not the population
-    size) and counted as out of range; an honest Hello's MAC is checked on a worker thread, not on the event
-    loop that serves every connection. The honest run is the simulated run."""
+    derivation) takes a forged Hello's path: refused after one derivation (the probe), on a worker thread, and
+    told what a bad MAC is told (not the population size); the counter says out of range. It used to be refused
+    before any derivation, 2.7 times faster than a forged Hello of ids in range, which told an attacker the
+    population size by timing (an attacker's finding). An honest Hello's MAC is checked on a worker thread, not
+    on the event loop that serves every connection. The honest run is the simulated run."""
     import threading
 
     derived: list[int] = []
@@ -441,7 +443,7 @@ async def test_a_hello_outside_the_population_costs_no_key_and_tells_nothing_of_
     assert str(n) not in refusal.reason
     assert await closed_by_server(reader)
     writer.close()
-    assert derived == [] and len(threads) == before  # not a key derived, no verification started
+    assert derived == [1] and len(threads) == before + 1  # the probe's key, derived off the event loop
     got = await h.finish()
     assert got["digests"] == simulated() and h.server.drops == {"ids_out_of_range": 1}
     assert threads and threading.get_ident() not in threads  # the honest Hellos: verified off the loop's thread
@@ -1275,3 +1277,131 @@ async def test_a_flood_of_hellos_from_one_host_delays_another_host_s_hello_by_on
     assert sorted(checked) == [1] * 6 + [100] and checked.index(100) <= 1, checked
     assert server.drops == {"auth": 7}, server.drops
     assert server._lanes == {}  # no host's turn left behind
+
+
+def test_with_a_secret_the_first_frame_limit_tells_the_population_within_a_factor_of_two() -> None:
+    """An attacker's finding: the first-frame limit (a Hello of the whole population: 8 bytes an id and room)
+    refused frame headers above it at once, so a binary search on bare headers gave the exact population in 31
+    probes. With a secret the limit is rounded up to a power of two; without one the exact limit stays (out of
+    range Hellos are told the population there anyway)."""
+    limit = server_module.hello_frame_limit
+    assert limit(400) == 8 * 400 + server_module.HELLO_OVERHEAD
+    assert limit(400, True) == limit(1000, True) == limit(8000, True) == 1 << 17
+    for n in (1, 400, 8192, 10**6, 123_457, 10**8):
+        got = limit(n, True)
+        assert got & (got - 1) == 0 and limit(n) <= got < 2 * limit(n), n
+
+
+def test_peers_are_counted_by_ipv4_address_and_ipv6_64() -> None:
+    """The per-host limits (lanes of the MAC check, max_pending_per_host) key IPv6 peers by their /64: a peer
+    holding a /64 (2^64 addresses) counted as one host per address before, which multiplied its share at will
+    (an attacker's note). IPv4-mapped IPv6 addresses count as their IPv4 address."""
+    key = server_module.peer_key
+    assert key("192.0.2.7") == "192.0.2.7"
+    assert key("::ffff:192.0.2.7") == "192.0.2.7"
+    assert key("2001:db8:1:2:aaaa::1") == key("2001:db8:1:2:ffff:1:2:3") == "2001:db8:1:2::/64"
+    assert key("2001:db8:1:3::1") != key("2001:db8:1:2::1")
+    assert key("fe80::1%eth0") == "fe80::/64"
+    assert key("?") == "?"
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("wrong", ["protocol", "scenario"])
+async def test_valid_hellos_for_another_run_are_refused_before_the_full_mac(monkeypatch, wrong) -> None:
+    """An attacker's finding: Hellos with valid credentials (a leaked shard's) naming another protocol or
+    scenario fingerprint were refused only after the full MAC, one key derivation per device each, so a flood
+    of them from many addresses kept an honest shard from registering for 30 s. The run's checks now come after
+    the probe and the sample: 65 derivations each, and the peer is told why."""
+    sc = scenario()
+    h = Harness(sc, dataclasses.replace(FAST, secret=SECRET))
+    await h.listen()
+    shard0 = live.shard(sc.devices, 0, 2)
+    keys = auth.device_keys(SECRET, shard0)
+    derived: list[int] = []
+    real_keys = auth.device_keys
+    monkeypatch.setattr(auth, "device_keys", lambda secret, some: (derived.append(len(some)),
+                                                                     real_keys(secret, some))[1])
+    protocol = "kflip" if wrong == "protocol" else PROTOCOL
+    for _ in range(3):
+        reader, writer = await connect(h.port)
+        challenge = await read_frame(reader)
+        mac = auth.hello_mac(keys, challenge.nonce, challenge.round, protocol, shard0)
+        writer.write(frame(wire.encode(Hello(round=challenge.round, protocol=protocol,
+                                             devices=np.asarray(shard0, np.uint32), mac=mac,
+                                             scenario=os.urandom(32) if wrong == "scenario" else None))))
+        refusal = await read_frame(reader)
+        assert isinstance(refusal, Refusal) and wrong in refusal.reason, refusal
+        writer.close()
+    assert derived == [1, auth.SAMPLE] * 3, derived  # never the shard's 200 keys
+    assert h.server.drops == {wrong: 3}, h.server.drops
+    monkeypatch.setattr(auth, "device_keys", real_keys)
+    h.start_clients()
+    h.start_run()
+    got = await h.finish()
+    assert got["digests"] == simulated()
+
+
+@pytest.mark.asyncio
+async def test_a_hello_whose_peer_left_before_its_check_is_not_verified(monkeypatch) -> None:
+    """An attacker's finding: Hellos sent and their connections closed at once stayed queued for the MAC check
+    and were each checked in full (and could register devices on a dead socket) while honest Hellos waited
+    behind them. A Hello whose peer has closed is now refused (``abandoned``) without a MAC check."""
+    started_check = asyncio.Event()
+    release = asyncio.Event()
+    real_sample = auth.check_sample
+    loop = asyncio.get_running_loop()
+    calls: list[int] = []
+
+    def gated_sample(*args):  # the first check waits until the second peer has gone
+        calls.append(int(args[4][0]))
+        if len(calls) == 1:
+            loop.call_soon_threadsafe(started_check.set)
+            asyncio.run_coroutine_threadsafe(release.wait(), loop).result(5)
+        return real_sample(*args)
+
+    monkeypatch.setattr(server_module.auth, "check_sample", gated_sample)
+    sc = scenario()
+    server, _, _ = live.build_server(sc, Ledger(sc.devices), None, dataclasses.replace(FAST, secret=SECRET))
+    port = await server.start(HOST, 0)
+    try:
+        first = asyncio.ensure_future(knock_with_a_bad_mac(port, [1, 2, 3]))
+        await asyncio.wait_for(started_check.wait(), 5)
+        reader, writer = await connect(port)  # the second Hello queues behind the first check, then leaves
+        challenge = await read_frame(reader)
+        writer.write(hello([7, 8], mac=b"\0" * 64, round_=challenge.round))
+        await writer.drain()
+        await asyncio.sleep(0.1)
+        writer.close()
+        await asyncio.sleep(0.1)
+        release.set()
+        assert await first
+        for _ in range(50):
+            if sum(server.drops.values()) == 2:
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        await server.close()
+    assert calls == [1], calls  # the abandoned Hello never reached a MAC check
+    assert server.drops == {"auth": 1, "abandoned": 1}, server.drops
+
+
+@pytest.mark.asyncio
+async def test_with_a_secret_a_first_frame_header_between_the_exact_and_the_rounded_limit_is_not_refused_at_once(
+        ) -> None:
+    """The collector's first-frame limit is the rounded one: a header announcing 100,000 bytes (above a
+    400-device Hello's 68,736, below 2^17) waits for its bytes (read timeout), where the exact limit refused it at
+    once as oversized; 2^17 + 1 is refused at once."""
+    sc = scenario()
+    server, _, _ = live.build_server(sc, Ledger(sc.devices), None, dataclasses.replace(FAST, secret=SECRET))
+    port = await server.start(HOST, 0)
+    try:
+        for length in (100_000, (1 << 17) + 1):
+            reader, writer = await connect(port)
+            await read_frame(reader)
+            writer.write(struct.pack(">I", length))
+            await writer.drain()
+            assert await closed_by_server(reader)
+            writer.close()
+    finally:
+        await server.close()
+    assert server.drops == {"read_timeout": 1, "oversized": 1}, server.drops
