@@ -510,10 +510,10 @@ class LiveCollector:
 
         MACs are checked one Hello at a time, and each host has at most one Hello in that queue (its others wait
         their turn behind it), so that a flood of Hellos from one host (a taken-over shard holding valid
-        credentials, say) delays another host's Hello by at most one check. Whether another connection holds the
-        devices is checked after the probe and the sample (which a peer without nearly all the credentials it
-        names fails) and before the full MAC, so that Hellos for devices already registered cost 65 derivations
-        each, not one per id."""
+        credentials, say) delays another host's Hello by at most one check. The range, the run's protocol and
+        scenario and whether another connection holds the devices are checked after the probe and the sample
+        (which a peer without nearly all the credentials it names fails) and before the full MAC, so that Hellos
+        for devices that could not register cost 65 derivations each, not one per id."""
         self._check_ids(conn, msg)
         secret = self.settings.secret
         if secret is not None:
@@ -534,7 +534,8 @@ class LiveCollector:
 
     async def _verify(self, conn: Connection, msg: Hello, secret: bytes) -> bool:
         """Whether the Hello's MAC is valid (:meth:`_admit`); raises :class:`Refused` when it waited more than
-        the hello timeout for its turn, or when another connection holds its devices."""
+        the hello timeout for its turn, when its peer has gone (``abandoned``), and, once the sample has passed,
+        when its ids, protocol or scenario are not this run's or another connection holds its devices."""
         entry = self._lanes.setdefault(conn.host, Lane())
         lane = entry.lock
         entry.users += 1

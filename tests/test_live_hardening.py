@@ -1206,6 +1206,26 @@ async def test_an_embedded_live_run_lets_all_its_own_connections_in_at_once() ->
     assert result.extra["live"]["dropped"] == {} and result.extra["live"]["connections"] == 100
 
 
+def count_derivations(monkeypatch) -> list[int]:
+    """The number of ids of each later auth.device_keys call (the collector's key derivations)."""
+    derived: list[int] = []
+    real_keys = auth.device_keys
+    monkeypatch.setattr(auth, "device_keys", lambda secret, some: (derived.append(len(some)),
+                                                                     real_keys(secret, some))[1])
+    return derived
+
+
+async def send_valid_hello(port: int, keys: bytes, ids, protocol: str = PROTOCOL, fingerprint: bytes | None = None):
+    """Connect and send a Hello for ``ids`` with the valid MAC from their credentials ``keys`` (a leaked
+    shard's), naming ``protocol`` and the scenario ``fingerprint``; the connection's reader and writer."""
+    reader, writer = await connect(port)
+    challenge = await read_frame(reader)
+    mac = auth.hello_mac(keys, challenge.nonce, challenge.round, protocol, ids)
+    writer.write(frame(wire.encode(Hello(round=challenge.round, protocol=protocol, devices=np.asarray(ids, np.uint32),
+                                         mac=mac, scenario=fingerprint))))
+    return reader, writer
+
+
 @pytest.mark.asyncio
 async def test_hellos_with_valid_credentials_for_registered_devices_cost_the_sample_not_the_full_mac(
         monkeypatch) -> None:
@@ -1220,16 +1240,9 @@ async def test_hellos_with_valid_credentials_for_registered_devices_cost_the_sam
     h.start_clients()
     await h.registered()  # the run starts after the knocks: the honest connections hold their devices meanwhile
     shard0 = live.shard(sc.devices, 0, 2)
-    keys = auth.device_keys(SECRET, shard0)
-    derived: list[int] = []
-    real_keys = auth.device_keys
-    monkeypatch.setattr(auth, "device_keys", lambda secret, some: (derived.append(len(some)),
-                                                                     real_keys(secret, some))[1])
+    keys, derived = auth.device_keys(SECRET, shard0), count_derivations(monkeypatch)
     for _ in range(5):
-        reader, writer = await connect(h.port)
-        challenge = await read_frame(reader)
-        mac = auth.hello_mac(keys, challenge.nonce, challenge.round, PROTOCOL, shard0)
-        writer.write(hello(shard0, mac=mac, round_=challenge.round))
+        reader, writer = await send_valid_hello(h.port, keys, shard0)
         assert await closed_by_server(reader)
         writer.close()
     h.start_run()
@@ -1316,25 +1329,16 @@ async def test_valid_hellos_for_another_run_are_refused_before_the_full_mac(monk
     h = Harness(sc, dataclasses.replace(FAST, secret=SECRET))
     await h.listen()
     shard0 = live.shard(sc.devices, 0, 2)
-    keys = auth.device_keys(SECRET, shard0)
-    derived: list[int] = []
-    real_keys = auth.device_keys
-    monkeypatch.setattr(auth, "device_keys", lambda secret, some: (derived.append(len(some)),
-                                                                     real_keys(secret, some))[1])
-    protocol = "kflip" if wrong == "protocol" else PROTOCOL
+    keys, derived = auth.device_keys(SECRET, shard0), count_derivations(monkeypatch)
     for _ in range(3):
-        reader, writer = await connect(h.port)
-        challenge = await read_frame(reader)
-        mac = auth.hello_mac(keys, challenge.nonce, challenge.round, protocol, shard0)
-        writer.write(frame(wire.encode(Hello(round=challenge.round, protocol=protocol,
-                                             devices=np.asarray(shard0, np.uint32), mac=mac,
-                                             scenario=os.urandom(32) if wrong == "scenario" else None))))
+        reader, writer = await send_valid_hello(h.port, keys, shard0, "kflip" if wrong == "protocol" else PROTOCOL,
+                                                os.urandom(32) if wrong == "scenario" else None)
         refusal = await read_frame(reader)
         assert isinstance(refusal, Refusal) and wrong in refusal.reason, refusal
         writer.close()
     assert derived == [1, auth.SAMPLE] * 3, derived  # never the shard's 200 keys
     assert h.server.drops == {wrong: 3}, h.server.drops
-    monkeypatch.setattr(auth, "device_keys", real_keys)
+    monkeypatch.undo()
     h.start_clients()
     h.start_run()
     got = await h.finish()
