@@ -208,6 +208,15 @@ def verify_hello(secret: bytes, nonce: bytes, round_: int, protocol: str, ids: n
             and check_full(secret, nonce, round_, protocol, ids, mac))
 
 
+def _checkable(nonce: bytes, round_: int, protocol: str, ids: np.ndarray,
+               mac: bytes | None) -> tuple[bytes, bytes] | None:
+    """The Hello message and the MAC to check against it, or None for a MAC that cannot be valid (missing, of
+    another length, or for no device)."""
+    if mac is None or len(ids) == 0 or len(mac) != MAC_BYTES:
+        return None
+    return hello_message(nonce, round_, protocol, ids), mac
+
+
 def check_sample(secret: bytes, nonce: bytes, round_: int, protocol: str, ids: np.ndarray,
                  mac: bytes | None) -> bool:
     """The cheap part of :func:`verify_hello`: the probe, with one credential (a Hello forged without
@@ -215,10 +224,11 @@ def check_sample(secret: bytes, nonce: bytes, round_: int, protocol: str, ids: n
     forged by a peer holding some of the credentials is refused there). A Hello that passes comes from a peer
     holding nearly all the credentials it names; the collector may then tell it things about the run (that
     another connection holds its devices) before it pays for :func:`check_full`."""
-    if mac is None or len(ids) == 0 or len(mac) != MAC_BYTES:
-        return False
     ids = np.asarray(ids)
-    message = hello_message(nonce, round_, protocol, ids)
+    checkable = _checkable(nonce, round_, protocol, ids, mac)
+    if checkable is None:
+        return False
+    message, mac = checkable
     j = probe_index(message, ids.size)
     probe = hmac.digest(device_keys(secret, ids[j:j + 1]), PROBE_CONTEXT + message, "sha256")[:CHECK_BYTES]
     if not hmac.compare_digest(probe, mac[:CHECK_BYTES]):
@@ -233,10 +243,11 @@ def check_full(secret: bytes, nonce: bytes, round_: int, protocol: str, ids: np.
     """The full MAC of :func:`verify_hello` alone (one derivation per id), in constant memory: HMAC replaces a
     key longer than its 64-byte block by the key's SHA256, so the concatenated credentials are hashed as they
     are derived, :data:`VERIFY_CHUNK` ids at a time (a Hello of millions of ids held gigabytes of keys)."""
-    if mac is None or len(ids) == 0 or len(mac) != MAC_BYTES:
-        return False
     ids = np.asarray(ids)
-    message = hello_message(nonce, round_, protocol, ids)
+    checkable = _checkable(nonce, round_, protocol, ids, mac)
+    if checkable is None:
+        return False
+    message, mac = checkable
     if ids.size * KEY_BYTES <= 64:  # a short key is used as it is
         keys = device_keys(secret, ids)
     else:
@@ -297,13 +308,18 @@ def unpack_credentials(raw: bytes) -> Credentials:
     first, count = struct.unpack(">QQ", raw[magic:magic + 16])
     if count < 1 or first + count > 2**63:
         raise CredentialsError(f"damaged: devices {first:,} + {count:,}")
-    if len(raw) != CREDENTIALS_OVERHEAD + count * KEY_BYTES:
-        raise CredentialsError(f"truncated or damaged: {len(raw):,} bytes, expected "
-                               f"{CREDENTIALS_OVERHEAD + count * KEY_BYTES:,} for {count:,} devices")
+    _check_size(len(raw), count)
     if not hmac.compare_digest(hashlib.sha256(raw[:-32]).digest(), raw[-32:]):
         raise CredentialsError("damaged: its SHA-256 does not match its contents")
     at = magic + 16
     return Credentials(int(first), int(count), raw[at:at + KEY_ID_BYTES].hex(), bytes(raw[at + KEY_ID_BYTES:-32]))
+
+
+def _check_size(size: int, count: int) -> None:
+    """A credentials file of ``size`` bytes must hold the ``count`` keys its header names."""
+    expected = CREDENTIALS_OVERHEAD + count * KEY_BYTES
+    if size != expected:
+        raise CredentialsError(f"truncated or damaged: {size:,} bytes, expected {expected:,} for {count:,} devices")
 
 
 def read_credentials(path: str | Path) -> Credentials:
@@ -312,10 +328,10 @@ def read_credentials(path: str | Path) -> Credentials:
     with _regular_file(path, "credentials", CredentialsError) as (f, size):
         raw = f.read(head)  # the header first: a file of the wrong size is refused before it is read
         if len(raw) == head and raw.startswith(CREDENTIALS_MAGIC):
-            count = struct.unpack(">Q", raw[head - 8:])[0]
-            if size != CREDENTIALS_OVERHEAD + count * KEY_BYTES:
-                raise CredentialsError(f"{path}: truncated or damaged: {size:,} bytes, expected "
-                                       f"{CREDENTIALS_OVERHEAD + count * KEY_BYTES:,} for {count:,} devices")
+            try:
+                _check_size(size, struct.unpack(">Q", raw[head - 8:])[0])
+            except CredentialsError as exc:
+                raise CredentialsError(f"{path}: {exc}") from None
             raw += f.read()
     try:
         return unpack_credentials(raw)
