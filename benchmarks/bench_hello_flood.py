@@ -1,15 +1,23 @@
-"""Benchmark: a taken-over shard flooding the live collector with valid Hellos (issue 13's live hardening).
+"""Benchmark: the live collector's registration under a flood (issue 13's live hardening).
 
-Two shards of ``--devices`` each over 127.0.0.1, with a deployment secret. Shard 0 registers; then
-``--attackers`` connections holding shard 0's credentials send, one after another, Hellos for shard 0's
-devices with valid MACs (each refused as ``ids_held``), and shard 1 connects. Reported: the time from shard 1's
-connect to the whole population being registered, with and without the flood, measured in the same run
-(their ratio is the flood's cost), and the number of flooding Hellos the collector answered meanwhile. Before
-the holder check moved ahead of the full MAC (and hosts took turns at the MAC check), each flooding Hello cost
-one key derivation per device of shard 0.
+Two shards of ``--devices`` each over 127.0.0.1, with a deployment secret. Two floods (``--kind``):
+
+- ``valid-hellos`` (default): shard 0 registers; then ``--attackers`` connections holding shard 0's credentials
+  send, one after another, Hellos for shard 0's devices with valid MACs (each refused as ``ids_held``), and
+  shard 1 connects. Before the holder check moved ahead of the full MAC (and hosts took turns at the MAC
+  check), each flooding Hello cost one key derivation per device of shard 0;
+- ``partial-frames``: a second process, without credentials, keeps ``--attackers`` connections from 8 other
+  loopback addresses (127.0.0.2-9) each holding an incomplete 64 KiB frame (reconnecting when dropped, each
+  held until just before the read timeout), so that the collector's pool of bytes for unregistered
+  connections (256 MiB) stays full; then both shards connect. Before the pool dropped a connection of the
+  host holding the most (collector/budget.py), the honest Hellos were the ones dropped.
+
+Reported: the time from the (last) shard's connect to the whole population being registered, with and without
+the flood, measured in the same run (their ratio is the flood's cost), and the flood's size meanwhile.
 
     python benchmarks/bench_hello_flood.py                     # 2 x 50,000 devices, 8 attackers
     python benchmarks/bench_hello_flood.py --devices 200000 --attackers 32 --no-record
+    python benchmarks/bench_hello_flood.py --kind partial-frames --attackers 4200
 
 Results are appended to benchmarks/results.jsonl (one line) and printed.
 """
@@ -22,6 +30,8 @@ import dataclasses
 import json
 import platform
 import secrets
+import struct
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,7 +46,39 @@ HOST = "127.0.0.1"
 PROTOCOL = "1bitrrpm"
 
 
-async def register_shard_1(devices: int, attackers: int, secret: bytes) -> dict:
+FRAME = 1 << 16  # the partial-frames flood: each connection's incomplete frame (its header says this many bytes)
+FLOOD_HOSTS = 8  # ... from 127.0.0.2 to 127.0.0.9
+
+
+async def hold_partial_frames(port: int, connections: int, seconds: float) -> None:
+    """The partial-frames flood (run in a process of its own): ``connections`` peers, each reconnecting when
+    dropped, holding a frame one byte short of complete until just before the read timeout (2 s here)."""
+    body = b"\0" * (FRAME - 1)
+    end = time.monotonic() + seconds
+
+    async def one(i: int) -> None:
+        await asyncio.sleep(i * 0.001)
+        while time.monotonic() < end:
+            try:
+                reader, writer = await asyncio.open_connection(HOST, port,
+                                                               local_addr=(f"127.0.0.{2 + i % FLOOD_HOSTS}", 0))
+            except OSError:
+                await asyncio.sleep(0.05)
+                continue
+            try:
+                await reader.readexactly(int.from_bytes(await reader.readexactly(4), "big"))  # the Challenge
+                writer.write(struct.pack(">I", FRAME) + body)
+                await writer.drain()
+                await asyncio.wait_for(reader.read(1), 1.8)
+            except (ConnectionError, asyncio.IncompleteReadError, asyncio.TimeoutError):
+                pass
+            finally:
+                writer.transport.abort()
+
+    await asyncio.gather(*(one(i) for i in range(connections)))
+
+
+async def register_shard_1(devices: int, attackers: int, secret: bytes, kind: str = "valid-hellos") -> dict:
     """Seconds from shard 1's connect until the population is registered, with ``attackers`` flooding."""
     from collector.server import LiveSettings
     from protocols import auth, wire
@@ -54,6 +96,8 @@ async def register_shard_1(devices: int, attackers: int, secret: bytes) -> dict:
     server, _, _ = live.build_server(sc, Ledger(n), None, settings)
     port = await server.start(HOST, 0)
     shard0, shard1 = live.shard(n, 0, 2), live.shard(n, 1, 2)
+    if kind == "partial-frames":
+        return await _under_partial_frames(server, sc, port, attackers, secret)
     keys = auth.device_keys(secret, shard0)
     tasks = [asyncio.create_task(live.build_client(sc, shard0, Ledger(n), HOST, port, None, secret).run())]
     while server._held < shard0.size:
@@ -91,24 +135,67 @@ async def register_shard_1(devices: int, attackers: int, secret: bytes) -> dict:
     return {"seconds": round(took, 3), "flooding_hellos": sent[0], "drops": dict(server.drops)}
 
 
+async def _under_partial_frames(server, sc, port: int, attackers: int, secret: bytes) -> dict:
+    """register_shard_1's partial-frames flood: both shards connect once the pool is nearly full."""
+    from protocols.ledger import Ledger
+    from scenarios import live
+
+    flood = None
+    if attackers:
+        flood = subprocess.Popen(["nice", sys.executable, __file__, "--hold-partial-frames", str(port),
+                                  "--attackers", str(attackers)])
+        pool = server.unregistered_pool
+        for _ in range(1000):  # the pool nearly full (or 10 s)
+            await asyncio.sleep(0.01)
+            if pool.total >= 0.9 * pool.budget:
+                break
+    held = server.unregistered_pool.total
+    start = time.perf_counter()
+    n = sc.devices
+    tasks = [asyncio.create_task(live.build_client(sc, live.shard(n, i, 2), Ledger(n), HOST, port, None,
+                                                   secret).run()) for i in range(2)]
+    try:
+        await asyncio.wait_for(server._registered.wait(), 120)
+        took = time.perf_counter() - start
+    finally:
+        if flood is not None:
+            flood.kill()
+            flood.wait()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await server.close()
+    return {"seconds": round(took, 3), "pool_bytes_at_connect": held, "drops": dict(server.drops)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--devices", type=int, default=50_000, help="devices per shard (default 50,000)")
     parser.add_argument("--attackers", type=int, default=8, help="flooding connections (default 8)")
+    parser.add_argument("--kind", choices=("valid-hellos", "partial-frames"), default="valid-hellos",
+                        help="the flood (default valid-hellos; see the module docstring)")
+    parser.add_argument("--hold-partial-frames", type=int, metavar="PORT", help=argparse.SUPPRESS)
     parser.add_argument("--no-record", action="store_true", help="print only; do not append to results.jsonl")
     args = parser.parse_args()
     if args.devices < 1 or args.attackers < 1:
         parser.error("--devices and --attackers must be at least 1")
+    if args.hold_partial_frames is not None:  # the partial-frames flood's own process
+        asyncio.run(hold_partial_frames(args.hold_partial_frames, args.attackers, 120.0))
+        return
     import structlog
 
     structlog.configure(logger_factory=structlog.ReturnLoggerFactory())  # the collector's log lines: not here
     secret = secrets.token_bytes(32)
-    quiet = asyncio.run(register_shard_1(args.devices, 0, secret))
-    flood = asyncio.run(register_shard_1(args.devices, args.attackers, secret))
-    entry = {"benchmark": "hello_flood", "python": platform.python_version(), "devices_per_shard": args.devices,
-             "attackers": args.attackers, "register_seconds_quiet": quiet["seconds"],
-             "register_seconds_flood": flood["seconds"], "flood_over_quiet": round(flood["seconds"] / quiet["seconds"], 2),
-             "flooding_hellos": flood["flooding_hellos"], "flood_drops": flood["drops"]}
+    quiet = asyncio.run(register_shard_1(args.devices, 0, secret, args.kind))
+    flood = asyncio.run(register_shard_1(args.devices, args.attackers, secret, args.kind))
+    entry = {"benchmark": "hello_flood", "python": platform.python_version(), "kind": args.kind,
+             "devices_per_shard": args.devices, "attackers": args.attackers,
+             "register_seconds_quiet": quiet["seconds"], "register_seconds_flood": flood["seconds"],
+             "flood_over_quiet": round(flood["seconds"] / quiet["seconds"], 2), "flood_drops": flood["drops"]}
+    if args.kind == "valid-hellos":
+        entry["flooding_hellos"] = flood["flooding_hellos"]
+    else:
+        entry["pool_bytes_at_connect"] = flood["pool_bytes_at_connect"]
     print(json.dumps(entry))
     if not args.no_record:
         append_result(entry)

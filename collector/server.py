@@ -21,7 +21,9 @@ Hostile input is bounded (every cause counted in ``drops``; summary.json's ``liv
   does not restart the clock) and no Hello within ``hello_timeout`` of connecting (``hello_timeout``);
 - incomplete frames held above ``buffer_budget`` bytes (``buffer_budget``), in two pools of that size: the
   connections whose Hello was accepted, and those that have not said one. A peer without a Hello can fill
-  only the second pool, so it never costs a registered connection its report batches;
+  only the second pool, so it never costs a registered connection its report batches. A pool over budget
+  drops a connection of the host holding the most in it (collector/budget.py), so a host within its fair
+  share is never dropped for the budget whatever other hosts send;
 - a Hello waiting for its MAC check holds its bytes in the second pool too: a queue of Hellos is bounded by the
   same budget (``buffer_budget``). MACs are checked one Hello at a time, each host with at most one Hello in
   that queue (an IPv6 host: its /64), and the run's and the holder's checks come before the full MAC
@@ -58,6 +60,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from collector.budget import BufferPool
 from collector.stages import round_stages
 from collector.hostile import Hostility, describe
 from collector.process import LOGGED_REJECTIONS_PER_ROUND, CollectorStats
@@ -214,8 +217,10 @@ class LiveCollector:
         self._missing = 0  # registered devices not held now (a count: checked on every ack)
         self._waiting: set[Connection] = set()  # device-holding connections yet to acknowledge the stage
         self._serial = 0
-        self._buffered = 0  # bytes of incomplete frames across connections whose Hello was accepted
-        self._buffered_unknown = 0  # ... and across those that have not said one (a pool of its own)
+        # bytes of incomplete frames held for the connections whose Hello was accepted, and (a pool of its own)
+        # for those that have not said one, with their Hellos waiting for the MAC check: each against the budget
+        self.registered_pool: BufferPool[Connection] = BufferPool(settings.buffer_budget)
+        self.unregistered_pool: BufferPool[Connection] = BufferPool(settings.buffer_budget)
         self._closing = False
         self.finished = False
         self._stage_open = False
@@ -314,7 +319,7 @@ class LiveCollector:
         # until its Hello is accepted a connection may send no frame longer than a Hello of the whole population:
         # an unauthenticated peer holds no 64 MB frame of the shared buffer budget
         decoder = FrameDecoder(min(settings.max_frame, hello_frame_limit(self.n_devices, settings.secret is not None)))
-        counted = 0  # this connection's bytes in its pool of the buffer budget
+        counted = 0  # this connection's incomplete frame, counted in its pool of the buffer budget
         known = False  # which pool: the registered connections' (its Hello accepted) or the others'
         cause, detail = None, ""
         try:
@@ -344,38 +349,36 @@ class LiveCollector:
                     if left <= 0:
                         raise asyncio.TimeoutError
                     data = await asyncio.wait_for(reader.read(1 << 16), left)
-                if not data:
+                if not data or conn.closed:  # (closed: dropped meanwhile, its bytes out of the pools)
                     break
                 had = decoder.pending
                 frames = decoder.feed(data)
                 if decoder.pending and (frames or not had):  # a new frame started: its clock starts now
                     frame_started = loop.time()
-                self._count_buffered(known, decoder.pending - counted)
+                pool = self.registered_pool if known else self.unregistered_pool
+                pool.add(conn, host, decoder.pending - counted)
                 counted = decoder.pending
-                held = self._buffered if known else self._buffered_unknown
-                if held > settings.buffer_budget:
-                    raise Refused("buffer_budget", f"incomplete frames of {'registered' if known else 'unregistered'}"
-                                                   f" connections hold {held} bytes (budget {settings.buffer_budget})")
+                self._shed(conn, pool, "incomplete frames of registered connections" if known else
+                           "hellos and incomplete frames of unregistered connections")
                 for raw in frames:
+                    if conn.closed:
+                        break
                     hello = self._on_frame(conn, raw)
                     if hello is not None:
                         # the Hello (its frame and its decoded ids) is held until it is admitted or refused, and
                         # may wait for other Hellos' MAC checks: counted in the unregistered connections' pool
                         size = len(raw) + hello.devices.nbytes
-                        self._count_buffered(False, size)
+                        self.unregistered_pool.add(conn, host, size)
                         try:
-                            if self._buffered_unknown > settings.buffer_budget:
-                                raise Refused("buffer_budget", f"hellos and incomplete frames of unregistered "
-                                                               f"connections hold {self._buffered_unknown} bytes "
-                                                               f"(budget {settings.buffer_budget})")
+                            self._shed(conn, self.unregistered_pool,
+                                       "hellos and incomplete frames of unregistered connections")
                             await self._admit(conn, hello)
                         finally:
-                            self._count_buffered(False, -size)
+                            self.unregistered_pool.add(conn, host, -size)
                         decoder.max_frame = settings.max_frame
                 if conn.hello and not known:  # admitted: what it holds moves to the registered connections' pool
-                    self._count_buffered(False, -counted)
                     known = True
-                    self._count_buffered(True, counted)
+                    self.registered_pool.add(conn, host, self.unregistered_pool.remove(conn, host))
         except asyncio.TimeoutError:
             cause = "read_timeout" if conn.hello or decoder.pending else "hello_timeout"
             detail = "frame not complete within the read timeout" if cause == "read_timeout" else "no hello in time"
@@ -395,20 +398,25 @@ class LiveCollector:
         except Exception as exc:  # a bug: counted and logged, never an unhandled task error
             cause, detail = "error", f"{type(exc).__name__}: {exc}"
         finally:
-            self._count_buffered(known, -counted)
+            self.registered_pool.remove(conn, host)
+            self.unregistered_pool.remove(conn, host)
             if cause is not None:
                 self._drop(conn, cause, detail)
             else:
                 self._release(conn)
                 writer.close()
 
-    def _count_buffered(self, known: bool, change: int) -> None:
-        """Add ``change`` bytes of incomplete frames to the registered connections' pool (``known``) or to the
-        pool of those without an accepted Hello."""
-        if known:
-            self._buffered += change
-        else:
-            self._buffered_unknown += change
+    def _shed(self, conn: Connection, pool: BufferPool[Connection], what: str) -> None:
+        """Bring ``pool`` back within the buffer budget after ``conn`` added bytes to it: drop connections of
+        the host holding the most (collector/budget.py), ``conn`` itself by raising :class:`Refused`."""
+        while pool.over:
+            victim, host = pool.victim(conn, conn.host)
+            detail = (f"{what} hold {pool.total} bytes (budget {pool.budget}); {host} held the most "
+                      f"({pool.host_bytes(host)})")
+            if victim is conn:
+                raise Refused("buffer_budget", detail)
+            pool.remove(victim, host)
+            self._drop(victim, "buffer_budget", detail)
 
     def _evict(self, pending: dict[Connection, None], now: float, limit: str) -> bool:
         """Make room for a newcomer at ``limit``: drop the oldest connection in ``pending`` (connections without

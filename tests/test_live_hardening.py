@@ -686,7 +686,7 @@ async def test_trickled_oversized_and_budget_busting_frames_are_dropped() -> Non
     got = await h.finish()
     assert got["digests"] == simulated()
     assert h.server.drops == {"read_timeout": 2, "oversized": 2, "buffer_budget": 1}
-    assert h.server._buffered == 0 and h.server._buffered_unknown == 0
+    assert h.server.registered_pool.total == 0 and h.server.unregistered_pool.total == 0
 
 
 @pytest.mark.asyncio
@@ -710,12 +710,73 @@ async def test_peers_without_a_hello_cannot_spend_a_registered_connection_s_buff
     await asyncio.sleep(0.1)
     try:
         assert "buffer_budget" not in h.server.drops, h.server.drops
-        assert h.server._buffered >= 55_000 and h.server._buffered_unknown >= 55_000
+        assert h.server.registered_pool.total >= 55_000 and h.server.unregistered_pool.total >= 55_000
         assert not reader_r.at_eof()
     finally:
         writer_r.close()
         writer_u.close()
         await h.server.close()
+
+
+@pytest.mark.asyncio
+async def test_peers_filling_the_unregistered_pool_from_other_hosts_lose_their_own_connections() -> None:
+    """Four peers, on four hosts (127.0.0.2-5), hold 98,600 bytes of incomplete frames in the unregistered pool
+    (budget 100,000); an honest Hello of the whole population from 127.0.0.1 then crosses the line. Before, the
+    connection that crossed it was dropped, so peers without credentials kept honest clients out for as long as
+    they refilled the pool (two 50,000-device shards: 8.5 s instead of 0.8). Now the host holding the most gives
+    way: one peer is dropped (``buffer_budget``), the honest connection registers every device and is kept."""
+    settings = dataclasses.replace(FAST, buffer_budget=100_000, read_timeout=5.0)
+    sc = scenario()
+    server, _, _ = live.build_server(sc, Ledger(sc.devices), None, settings)
+    port = await server.start(HOST, 0)
+    peers = []
+    try:
+        for i in range(4):
+            reader, writer = await asyncio.open_connection(HOST, port, local_addr=(f"127.0.0.{2 + i}", 0))
+            writer.write(struct.pack(">I", 60_000) + bytes([i]) * (24_500 + 100 * i))  # the last host holds most
+            await writer.drain()
+            peers.append((reader, writer))
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if server.unregistered_pool.total >= 98_616:
+                break
+        assert server.unregistered_pool.total == 4 * (4 + 24_500) + 600, server.unregistered_pool.total  # headers too
+        reader, writer = await connect(port)
+        writer.write(hello(range(sc.devices)))  # 1,600-odd bytes of frame and of ids: over the budget
+        await writer.drain()
+        await asyncio.wait_for(server._registered.wait(), 5)
+        assert server.drops == {"buffer_budget": 1}, server.drops
+        assert await closed_by_server(peers[3][0], 2)  # the host holding the most
+        assert not any([await closed_by_server(r, 0.05) for r, _ in peers[:3]])
+        assert not await closed_by_server(reader, 0.05)
+        writer.close()
+    finally:
+        for _, w in peers:
+            w.close()
+        await server.close()
+
+
+def test_buffer_pool_drops_from_the_host_holding_the_most() -> None:
+    """collector/budget.py: bytes counted by connection and host, never below none; over budget, the connection
+    that crossed the line is the victim when its host holds the most (ties included), else the largest
+    connection of the host that does."""
+    from collector.budget import BufferPool
+
+    pool: BufferPool[str] = BufferPool(100)
+    pool.add("a1", "A", 30)
+    pool.add("a2", "A", 25)
+    pool.add("b1", "B", 40)
+    assert (pool.total, pool.host_bytes("A"), pool.host_bytes("B"), pool.over) == (95, 55, 40, False)
+    pool.add("b1", "B", 10)
+    assert pool.over and pool.victim("b1", "B") == ("a1", "A")  # A holds 55, B 50: A's largest gives way
+    pool.add("b2", "B", 5)
+    assert pool.victim("b2", "B") == ("b2", "B")  # B holds 55 too: the one that crossed
+    assert pool.remove("a1", "A") == 30 and pool.held("a1", "A") == 0
+    pool.add("a2", "A", -1_000)  # never below none, and an empty host is forgotten
+    assert (pool.total, pool.host_bytes("A"), pool.held("a2", "A")) == (55, 0, 0)
+    assert pool.victim("b2", "B") == ("b2", "B")
+    pool.add("c1", "C", 0)
+    assert pool.host_bytes("C") == 0 and pool.total == 55
 
 
 @pytest.mark.asyncio
@@ -1154,13 +1215,13 @@ async def test_hellos_waiting_for_their_mac_check_count_against_the_buffer_budge
     try:
         first = asyncio.ensure_future(knock_with_a_bad_mac(port, range(10_000)))  # 40 KB of ids, twice
         await asyncio.sleep(0.2)  # the first Hello's check has begun
-        held = server._buffered_unknown
+        held = server.unregistered_pool.total
         assert 80_000 <= held <= 100_000, held  # its frame (40 KB) and its ids (40 KB) are counted
         assert await knock_with_a_bad_mac(port, range(10_000)) and await first
     finally:
         await server.close()
     assert server.drops == {"auth": 1, "buffer_budget": 1}, server.drops
-    assert server._buffered_unknown == 0
+    assert server.unregistered_pool.total == 0
 
 
 @pytest.mark.asyncio
