@@ -6,11 +6,15 @@ Two shards of ``--devices`` each over 127.0.0.1, with a deployment secret. Two f
   send, one after another, Hellos for shard 0's devices with valid MACs (each refused as ``ids_held``), and
   shard 1 connects. Before the holder check moved ahead of the full MAC (and hosts took turns at the MAC
   check), each flooding Hello cost one key derivation per device of shard 0;
-- ``partial-frames``: a second process, without credentials, keeps ``--attackers`` connections from 8 other
-  loopback addresses (127.0.0.2-9) each holding an incomplete 64 KiB frame (reconnecting when dropped, each
-  held until just before the read timeout), so that the collector's pool of bytes for unregistered
-  connections (256 MiB) stays full; then both shards connect. Before the pool dropped a connection of the
-  host holding the most (collector/budget.py), the honest Hellos were the ones dropped.
+- ``partial-frames``: a second process, without credentials, keeps ``--attackers`` connections from ``--hosts``
+  other loopback addresses (127.0.0.2 and up; default 8) each holding an incomplete 64 KiB frame (reconnecting
+  when dropped, each held until just before the read timeout), so that the collector's pool of bytes for
+  unregistered connections (256 MiB) stays full; then both shards connect. Before the pool dropped a
+  connection of the host holding the most (collector/shares.py), the honest Hellos were the ones dropped;
+- ``idle-churn``: the second process's ``--attackers`` connections from ``--hosts`` addresses (default 20) say
+  nothing and reconnect as soon as they are closed, filling the connection limit (devices + 64: use a small
+  ``--devices``); then the shards (``--shards``, default 2) connect. Before a crowded host gave way to a host
+  with fewer connections at once, a newcomer could take only the place of a connection open a second.
 
 Reported: the time from the (last) shard's connect to the whole population being registered, with and without
 the flood, measured in the same run (their ratio is the flood's cost), and the flood's size meanwhile.
@@ -18,6 +22,7 @@ the flood, measured in the same run (their ratio is the flood's cost), and the f
     python benchmarks/bench_hello_flood.py                     # 2 x 50,000 devices, 8 attackers
     python benchmarks/bench_hello_flood.py --devices 200000 --attackers 32 --no-record
     python benchmarks/bench_hello_flood.py --kind partial-frames --attackers 4200
+    python benchmarks/bench_hello_flood.py --kind idle-churn --devices 50 --attackers 1000
 
 Results are appended to benchmarks/results.jsonl (one line) and printed.
 """
@@ -47,12 +52,13 @@ PROTOCOL = "1bitrrpm"
 
 
 FRAME = 1 << 16  # the partial-frames flood: each connection's incomplete frame (its header says this many bytes)
-FLOOD_HOSTS = 8  # ... from 127.0.0.2 to 127.0.0.9
+DEFAULT_HOSTS = {"partial-frames": 8, "idle-churn": 20}  # the floods' addresses, from 127.0.0.2 on
 
 
-async def hold_partial_frames(port: int, connections: int, seconds: float) -> None:
-    """The partial-frames flood (run in a process of its own): ``connections`` peers, each reconnecting when
-    dropped, holding a frame one byte short of complete until just before the read timeout (2 s here)."""
+async def flood(kind: str, port: int, connections: int, hosts: int, seconds: float) -> None:
+    """A flood without credentials (run in a process of its own): ``connections`` peers on ``hosts`` loopback
+    addresses, each reconnecting as soon as it is closed; with ``partial-frames`` each holds a frame one byte
+    short of complete until just before the read timeout (2 s here), with ``idle-churn`` it says nothing."""
     body = b"\0" * (FRAME - 1)
     end = time.monotonic() + seconds
 
@@ -60,16 +66,19 @@ async def hold_partial_frames(port: int, connections: int, seconds: float) -> No
         await asyncio.sleep(i * 0.001)
         while time.monotonic() < end:
             try:
-                reader, writer = await asyncio.open_connection(HOST, port,
-                                                               local_addr=(f"127.0.0.{2 + i % FLOOD_HOSTS}", 0))
+                reader, writer = await asyncio.open_connection(HOST, port, local_addr=(f"127.0.0.{2 + i % hosts}", 0))
             except OSError:
                 await asyncio.sleep(0.05)
                 continue
             try:
-                await reader.readexactly(int.from_bytes(await reader.readexactly(4), "big"))  # the Challenge
-                writer.write(struct.pack(">I", FRAME) + body)
-                await writer.drain()
-                await asyncio.wait_for(reader.read(1), 1.8)
+                if kind == "partial-frames":
+                    await reader.readexactly(int.from_bytes(await reader.readexactly(4), "big"))  # the Challenge
+                    writer.write(struct.pack(">I", FRAME) + body)
+                    await writer.drain()
+                    await asyncio.wait_for(reader.read(1), 1.8)
+                else:
+                    while await reader.read(1 << 16):  # until the collector closes it
+                        pass
             except (ConnectionError, asyncio.IncompleteReadError, asyncio.TimeoutError):
                 pass
             finally:
@@ -78,7 +87,8 @@ async def hold_partial_frames(port: int, connections: int, seconds: float) -> No
     await asyncio.gather(*(one(i) for i in range(connections)))
 
 
-async def register_shard_1(devices: int, attackers: int, secret: bytes, kind: str = "valid-hellos") -> dict:
+async def register_shard_1(devices: int, attackers: int, secret: bytes, kind: str = "valid-hellos",
+                           hosts: int = 0, shards: int = 2) -> dict:
     """Seconds from shard 1's connect until the population is registered, with ``attackers`` flooding."""
     from collector.server import LiveSettings
     from protocols import auth, wire
@@ -88,7 +98,7 @@ async def register_shard_1(devices: int, attackers: int, secret: bytes, kind: st
     from scenarios import live
     from tests.support import protocol_scenario
 
-    n = 2 * devices
+    n = shards * devices
     sc = protocol_scenario(PROTOCOL, **{"population.devices": n, "rounds": 3, "simulation.cohort_size": devices,
                                          "network.loss": 0, "network.jitter": 0})
     settings = LiveSettings(stage_timeout=5.0, read_timeout=2.0, startup_timeout=120.0, hello_timeout=60.0,
@@ -96,8 +106,8 @@ async def register_shard_1(devices: int, attackers: int, secret: bytes, kind: st
     server, _, _ = live.build_server(sc, Ledger(n), None, settings)
     port = await server.start(HOST, 0)
     shard0, shard1 = live.shard(n, 0, 2), live.shard(n, 1, 2)
-    if kind == "partial-frames":
-        return await _under_partial_frames(server, sc, port, attackers, secret)
+    if kind != "valid-hellos":
+        return await _under_flood(kind, server, sc, port, attackers, hosts or DEFAULT_HOSTS[kind], shards, secret)
     keys = auth.device_keys(secret, shard0)
     tasks = [asyncio.create_task(live.build_client(sc, shard0, Ledger(n), HOST, port, None, secret).run())]
     while server._held < shard0.size:
@@ -135,67 +145,78 @@ async def register_shard_1(devices: int, attackers: int, secret: bytes, kind: st
     return {"seconds": round(took, 3), "flooding_hellos": sent[0], "drops": dict(server.drops)}
 
 
-async def _under_partial_frames(server, sc, port: int, attackers: int, secret: bytes) -> dict:
-    """register_shard_1's partial-frames flood: both shards connect once the pool is nearly full."""
+async def _under_flood(kind: str, server, sc, port: int, attackers: int, hosts: int, shards: int,
+                       secret: bytes) -> dict:
+    """register_shard_1's floods without credentials: every shard connects once the flood fills what it aims
+    at (the unregistered connections' buffer pool, or the connection limit), or after 10 s."""
     from protocols.ledger import Ledger
     from scenarios import live
 
-    flood = None
+    flooding = None
     if attackers:
-        flood = subprocess.Popen(["nice", sys.executable, __file__, "--hold-partial-frames", str(port),
-                                  "--attackers", str(attackers)])
+        flooding = subprocess.Popen(["nice", sys.executable, __file__, "--flood", kind, "--port", str(port),
+                                     "--attackers", str(attackers), "--hosts", str(hosts)])
         pool = server.unregistered_pool
-        for _ in range(1000):  # the pool nearly full (or 10 s)
+        for _ in range(1000):
             await asyncio.sleep(0.01)
-            if pool.total >= 0.9 * pool.budget:
+            if (pool.total >= 0.9 * pool.budget if kind == "partial-frames"
+                    else len(server.connections) >= server.max_connections):
                 break
-    held = server.unregistered_pool.total
+    held = server.unregistered_pool.total if kind == "partial-frames" else len(server.connections)
     start = time.perf_counter()
     n = sc.devices
-    tasks = [asyncio.create_task(live.build_client(sc, live.shard(n, i, 2), Ledger(n), HOST, port, None,
-                                                   secret).run()) for i in range(2)]
+    tasks = [asyncio.create_task(live.build_client(sc, live.shard(n, i, shards), Ledger(n), HOST, port, None,
+                                                   secret).run()) for i in range(shards)]
     try:
         await asyncio.wait_for(server._registered.wait(), 120)
         took = time.perf_counter() - start
     finally:
-        if flood is not None:
-            flood.kill()
-            flood.wait()
+        if flooding is not None:
+            flooding.kill()
+            flooding.wait()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await server.close()
-    return {"seconds": round(took, 3), "pool_bytes_at_connect": held, "drops": dict(server.drops)}
+    return {"seconds": round(took, 3), "held_at_connect": held, "drops": dict(server.drops)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--devices", type=int, default=50_000, help="devices per shard (default 50,000)")
     parser.add_argument("--attackers", type=int, default=8, help="flooding connections (default 8)")
-    parser.add_argument("--kind", choices=("valid-hellos", "partial-frames"), default="valid-hellos",
+    parser.add_argument("--kind", choices=("valid-hellos", "partial-frames", "idle-churn"), default="valid-hellos",
                         help="the flood (default valid-hellos; see the module docstring)")
-    parser.add_argument("--hold-partial-frames", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    parser.add_argument("--hosts", type=int, default=0, help="the flood's addresses without credentials "
+                                                              "(default 8 for partial-frames, 20 for idle-churn)")
+    parser.add_argument("--shards", type=int, default=2, help="honest shards (default 2)")
+    parser.add_argument("--flood", choices=("partial-frames", "idle-churn"), help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--no-record", action="store_true", help="print only; do not append to results.jsonl")
     args = parser.parse_args()
-    if args.devices < 1 or args.attackers < 1:
-        parser.error("--devices and --attackers must be at least 1")
-    if args.hold_partial_frames is not None:  # the partial-frames flood's own process
-        asyncio.run(hold_partial_frames(args.hold_partial_frames, args.attackers, 120.0))
+    if args.devices < 1 or args.attackers < 1 or args.shards < 2 or not 0 <= args.hosts <= 250:
+        parser.error("--devices and --attackers must be at least 1, --shards at least 2, --hosts at most 250")
+    if args.flood is not None:  # a flood's own process
+        asyncio.run(flood(args.flood, args.port, args.attackers, args.hosts, 120.0))
         return
     import structlog
 
     structlog.configure(logger_factory=structlog.ReturnLoggerFactory())  # the collector's log lines: not here
     secret = secrets.token_bytes(32)
-    quiet = asyncio.run(register_shard_1(args.devices, 0, secret, args.kind))
-    flood = asyncio.run(register_shard_1(args.devices, args.attackers, secret, args.kind))
+    hosts = args.hosts or DEFAULT_HOSTS.get(args.kind, 0)
+    asyncio.run(register_shard_1(args.devices, 0, secret, args.kind, hosts, args.shards))  # warm-up: not kept
+    quiet = asyncio.run(register_shard_1(args.devices, 0, secret, args.kind, hosts, args.shards))
+    flooded = asyncio.run(register_shard_1(args.devices, args.attackers, secret, args.kind, hosts, args.shards))
     entry = {"benchmark": "hello_flood", "python": platform.python_version(), "kind": args.kind,
-             "devices_per_shard": args.devices, "attackers": args.attackers,
-             "register_seconds_quiet": quiet["seconds"], "register_seconds_flood": flood["seconds"],
-             "flood_over_quiet": round(flood["seconds"] / quiet["seconds"], 2), "flood_drops": flood["drops"]}
+             "devices_per_shard": args.devices, "shards": args.shards, "attackers": args.attackers,
+             "register_seconds_quiet": quiet["seconds"], "register_seconds_flood": flooded["seconds"],
+             "flood_over_quiet": round(flooded["seconds"] / quiet["seconds"], 2), "flood_drops": flooded["drops"]}
     if args.kind == "valid-hellos":
-        entry["flooding_hellos"] = flood["flooding_hellos"]
+        entry["flooding_hellos"] = flooded["flooding_hellos"]
     else:
-        entry["pool_bytes_at_connect"] = flood["pool_bytes_at_connect"]
+        entry["flood_hosts"] = hosts
+        entry["pool_bytes_at_connect" if args.kind == "partial-frames" else "connections_at_connect"] = \
+            flooded["held_at_connect"]
     print(json.dumps(entry))
     if not args.no_record:
         append_result(entry)

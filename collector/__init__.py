@@ -7,8 +7,8 @@ Importing the package imports none of its modules; import the one you need.
 - ``network``: the simulated network: keyed per-device loss and latency, downlink loss, traffic counts;
 - ``hostile``: hostile collector behaviors (``[collector] behavior``) for audits of the devices' guarantees;
 - ``server``: the live collector over TCP (asyncio), with its hardening against hostile peers;
-- ``budget``: the live collector's buffer budget, bytes held for peers shared fairly between their hosts;
+- ``shares``: the hosts' fair shares of the live collector's buffer budget and connection slots;
 - ``spill``: a transcript store on disk for large runs, handed to collector sides by the runtimes.
 """
 
-__all__ = ["budget", "hostile", "network", "process", "server", "spill", "stages"]
+__all__ = ["hostile", "network", "process", "server", "shares", "spill", "stages"]

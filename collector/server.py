@@ -22,7 +22,7 @@ Hostile input is bounded (every cause counted in ``drops``; summary.json's ``liv
 - incomplete frames held above ``buffer_budget`` bytes (``buffer_budget``), in two pools of that size: the
   connections whose Hello was accepted, and those that have not said one. A peer without a Hello can fill
   only the second pool, so it never costs a registered connection its report batches. A pool over budget
-  drops a connection of the host holding the most in it (collector/budget.py), so a host within its fair
+  drops a connection of the host holding the most in it (collector/shares.py), so a host within its fair
   share is never dropped for the budget whatever other hosts send;
 - a Hello waiting for its MAC check holds its bytes in the second pool too: a queue of Hellos is bounded by the
   same budget (``buffer_budget``). MACs are checked one Hello at a time, each host with at most one Hello in
@@ -30,9 +30,12 @@ Hostile input is bounded (every cause counted in ``drops``; summary.json's ``liv
   (:meth:`LiveCollector._admit`): a host flooding Hellos, with valid credentials or without, delays another
   host's by one check; a Hello whose peer closed before its turn is not checked (``abandoned``);
 - connections beyond ``max_connections`` (default: devices + 64, at most RLIMIT_NOFILE - 64): the newcomer takes
-  the place of the oldest connection that has said no Hello and has been open at least :data:`EVICT_AGE`
-  seconds (``evicted``), and is closed at once when there is none (``connection_limit``), so that idle peers
-  reconnecting as fast as they are closed cannot keep honest clients out for longer than that age;
+  the place of the oldest connection without a Hello of the host with the most such connections when that host
+  has at least two more than the newcomer's, else of the oldest connection that has said no Hello and has been
+  open at least :data:`EVICT_AGE` seconds (``evicted``; collector/shares.py), and is closed at once when there
+  is none (``connection_limit``), so that idle peers reconnecting as fast as they are closed cannot keep honest
+  clients out (at once, unless they are spread over about as many hosts as there are slots; then for no longer
+  than that age);
 - connections of one host that have said no accepted Hello beyond ``max_pending_per_host`` (default: half the
   connection limit) are closed at once (``host_limit``), or take the place of that host's own oldest such
   connection as above: a flood from one address leaves the other half of the slots to every other host;
@@ -60,7 +63,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from collector.budget import BufferPool
+from collector.shares import BufferPool, Pending
 from collector.stages import round_stages
 from collector.hostile import Hostility, describe
 from collector.process import LOGGED_REJECTIONS_PER_ROUND, CollectorStats
@@ -206,8 +209,7 @@ class LiveCollector:
             log.warning("max_connections_capped", wanted=int(wanted), cap=ceiling)
         self.max_pending_per_host = int(settings.max_pending_per_host or max(1, self.max_connections // 2))
         # the connections that have said no Hello (nor are having one verified), oldest first, in all and by host
-        self._pending: dict[Connection, None] = {}
-        self._pending_of: dict[str, dict[Connection, None]] = {}
+        self.pending: Pending[Connection] = Pending()
         self.registered = np.zeros(self.n_devices, dtype=bool)  # ever registered
         self.holder = np.zeros(self.n_devices, dtype=np.int64)  # serial of the live connection holding it, or 0
         self._held = 0  # devices held by a live connection now
@@ -298,14 +300,13 @@ class LiveCollector:
         loop = asyncio.get_running_loop()
         peer = writer.get_extra_info("peername")
         host = peer_key(str(peer[0])) if isinstance(peer, tuple) and peer else "?"
-        ours = self._pending_of.get(host, {})
+        ours = self.pending.of(host)
         if len(ours) >= self.max_pending_per_host and not self._evict(ours, loop.time(), "host_limit"):
             self._count_drop("host_limit", f"{len(ours)} connections of {host} without a hello (limit "
                                            f"{self.max_pending_per_host})")
             writer.transport.abort()
             return
-        if len(self.connections) >= self.max_connections and not self._evict(self._pending, loop.time(),
-                                                                               "connection_limit"):
+        if len(self.connections) >= self.max_connections and not self._make_room(host, loop.time()):
             self._count_drop("connection_limit", f"{len(self.connections)} connections open (limit "
                                                  f"{self.max_connections})")
             writer.transport.abort()
@@ -313,8 +314,7 @@ class LiveCollector:
         self._serial += 1
         conn = Connection(writer, self._serial, opened=loop.time(), host=host, reader=reader)
         self.connections.add(conn)
-        self._pending[conn] = None
-        self._pending_of.setdefault(host, {})[conn] = None
+        self.pending.add(conn, host)
         settings = self.settings
         # until its Hello is accepted a connection may send no frame longer than a Hello of the whole population:
         # an unauthenticated peer holds no 64 MB frame of the shared buffer budget
@@ -408,7 +408,7 @@ class LiveCollector:
 
     def _shed(self, conn: Connection, pool: BufferPool[Connection], what: str) -> None:
         """Bring ``pool`` back within the buffer budget after ``conn`` added bytes to it: drop connections of
-        the host holding the most (collector/budget.py), ``conn`` itself by raising :class:`Refused`."""
+        the host holding the most (collector/shares.py), ``conn`` itself by raising :class:`Refused`."""
         while pool.over:
             victim, host = pool.victim(conn, conn.host)
             detail = (f"{what} hold {pool.total} bytes (budget {pool.budget}); {host} held the most "
@@ -429,13 +429,26 @@ class LiveCollector:
                                       f"the {limit.replace('_', ' ')}")
         return True
 
+    def _make_room(self, host: str, now: float) -> bool:
+        """Make room for a newcomer from ``host`` at the connection limit; whether it did. The host with the most
+        connections without a Hello loses its oldest, whatever its age, when it has at least two more than
+        ``host`` has: peers that keep their connections young by reconnecting as soon as they are closed (from
+        20 addresses, they kept honest shards out for 21.6 s instead of 0.3) cannot keep out a host with fewer.
+        Else the newcomer takes the place of the oldest connection without a Hello open at least
+        :data:`EVICT_AGE` (:meth:`_evict`), so that peers spread over as many hosts as there are slots do not
+        hold them for the whole hello timeout either."""
+        crowded = self.pending.crowded()
+        mine = self.pending.count(host)
+        if crowded is not None and crowded[1] >= mine + 2:
+            victim = next(iter(self.pending.of(crowded[0])))
+            self._drop(victim, "evicted", f"{crowded[1]} connections of {crowded[0]} without a hello; the place of "
+                                          f"its oldest taken by a newcomer from a host with {mine}")
+            return True
+        return self._evict(self.pending.all, now, "connection_limit")
+
     def _unpend(self, conn: Connection) -> None:
         """``conn`` is no longer waiting to say its Hello (it said one, or it is gone)."""
-        if self._pending.pop(conn, 0) is None:
-            ours = self._pending_of[conn.host]
-            del ours[conn]
-            if not ours:
-                del self._pending_of[conn.host]
+        self.pending.discard(conn, conn.host)
 
     def _count_drop(self, cause: str, detail: str) -> None:
         self.drops[cause] = self.drops.get(cause, 0) + 1

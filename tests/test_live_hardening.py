@@ -757,10 +757,10 @@ async def test_peers_filling_the_unregistered_pool_from_other_hosts_lose_their_o
 
 
 def test_buffer_pool_drops_from_the_host_holding_the_most() -> None:
-    """collector/budget.py: bytes counted by connection and host, never below none; over budget, the connection
+    """collector/shares.py: bytes counted by connection and host, never below none; over budget, the connection
     that crossed the line is the victim when its host holds the most (ties included), else the largest
     connection of the host that does."""
-    from collector.budget import BufferPool
+    from collector.shares import BufferPool
 
     pool: BufferPool[str] = BufferPool(100)
     pool.add("a1", "A", 30)
@@ -903,6 +903,57 @@ async def test_idle_peers_reconnecting_at_once_cannot_keep_honest_clients_out(ho
         assert drops.get("evicted", 0) >= 1 and "host_limit" not in drops, drops
     else:  # the peers' host was held to its half: the honest clients found free slots
         assert drops.get("host_limit", 0) > 0, drops
+
+
+@pytest.mark.asyncio
+async def test_a_crowded_host_gives_way_to_a_host_with_fewer_connections_at_once(monkeypatch) -> None:
+    """40 idle peers on 4 hosts (127.0.0.2-5) that reconnect as soon as they are closed fill the limit of 20,
+    and no connection ever reaches the eviction age (60 s here): before, a newcomer at the limit could only take
+    the place of a connection past that age, so the honest clients (127.0.0.1) never got in. Now the host with
+    the most connections without a Hello loses its oldest to a newcomer from a host with at least two fewer,
+    whatever its age: every honest device is in at the start and the digests equal the simulated run's."""
+    monkeypatch.setattr(server_module, "EVICT_AGE", 60.0)
+    settings = dataclasses.replace(FAST, max_connections=20, hello_timeout=150.0, startup_timeout=10.0)
+    h = Harness(scenario(), settings, connections=4)
+    await h.listen()
+    stop, opened = asyncio.Event(), []
+    peers_ = [asyncio.create_task(_keep_idle(h.port, f"127.0.0.{2 + i % 4}", stop, opened)) for i in range(40)]
+    try:
+        for _ in range(200):
+            await asyncio.sleep(0.05)
+            if len(h.server.connections) >= 20:
+                break
+        assert len(h.server.connections) == 20 and h.server.pending.crowded()[1] >= 5
+        h.start_clients()
+        h.start_run()
+        got = await h.finish(timeout=60)
+    finally:
+        stop.set()
+        await asyncio.gather(*peers_, return_exceptions=True)
+    assert got["live"]["devices_at_start"] == h.sc.devices, h.server.drops
+    assert got["digests"] == simulated()
+    assert h.server.drops.get("evicted", 0) >= 4 and set(h.server.drops) <= {"evicted", "connection_limit"}
+
+
+def test_pending_connections_know_the_most_crowded_host() -> None:
+    """collector/shares.py: connections without a Hello, oldest first, in all and by host; the host with the
+    most (the first to reach that many) in constant time, kept right as connections come and go."""
+    from collector.shares import Pending
+
+    pending: Pending[str] = Pending()
+    assert pending.crowded() is None and len(pending) == 0
+    for conn, host in [("a1", "A"), ("b1", "B"), ("b2", "B"), ("a2", "A"), ("c1", "C"), ("a3", "A")]:
+        pending.add(conn, host)
+    assert pending.crowded() == ("A", 3) and list(pending.all) == ["a1", "b1", "b2", "a2", "c1", "a3"]
+    assert list(pending.of("A")) == ["a1", "a2", "a3"] and pending.count("C") == 1 and pending.count("D") == 0
+    pending.discard("a1", "A")
+    assert pending.crowded() == ("B", 2)  # B reached 2 before A came back down to it
+    pending.discard("b1", "B")
+    pending.discard("b1", "B")  # twice: nothing
+    assert pending.crowded() == ("A", 2) and len(pending) == 4
+    for conn, host in [("a2", "A"), ("a3", "A"), ("b2", "B"), ("c1", "C")]:
+        pending.discard(conn, host)
+    assert pending.crowded() is None and len(pending) == 0 and pending.of("A") == {}
 
 
 @pytest.mark.asyncio

@@ -1,0 +1,140 @@
+"""The hosts' fair shares of the live collector's limits: its buffer budget and its connection slots.
+
+Both limits are shared by every peer, honest or not, so each is given out by host (collector/server.py's
+``peer_key``: an IPv4 address, an IPv6 /64), and a peer that takes more than its share loses its own:
+
+- :class:`BufferPool`: bytes held for connections (incomplete frames, Hellos waiting for their MAC check). When
+  the pool is over its budget, the connection to drop is one of the host holding the most: the connection whose
+  bytes crossed the line if it is of that host, else that host's largest. A host holding no more than its fair
+  share (the budget over the number of hosts holding bytes) is therefore never dropped for the budget, whatever
+  other hosts send (before, whichever connection crossed the line was dropped, so 4,200 incomplete frames from
+  8 addresses kept two honest 50,000-device shards out for 5.2 s instead of 0.5).
+- :class:`Pending`: the connections that have said no Hello, oldest first, in all and by host, with the host
+  holding the most at hand in constant time, so that a newcomer at the connection limit can take the place of
+  a crowded host's connection (LiveCollector._make_room).
+"""
+
+from __future__ import annotations
+
+from typing import Generic, Hashable, TypeVar
+
+C = TypeVar("C", bound=Hashable)
+
+__all__ = ["BufferPool", "Pending"]
+
+
+class BufferPool(Generic[C]):
+    """Bytes held for connections (``C``: any hashable handle), by host, against ``budget``."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = int(budget)
+        self.total = 0
+        self._of: dict[str, dict[C, int]] = {}  # host -> connection -> bytes (> 0 only)
+        self._host_total: dict[str, int] = {}
+
+    def held(self, conn: C, host: str) -> int:
+        """Bytes ``conn`` holds in the pool."""
+        return self._of.get(host, {}).get(conn, 0)
+
+    def host_bytes(self, host: str) -> int:
+        """Bytes the connections of ``host`` hold in the pool."""
+        return self._host_total.get(host, 0)
+
+    def add(self, conn: C, host: str, change: int) -> None:
+        """Count ``change`` more bytes for ``conn`` (less when negative; never below none)."""
+        conns = self._of.get(host)
+        old = conns.get(conn, 0) if conns is not None else 0
+        new = max(old + int(change), 0)
+        if new == old:
+            return
+        if conns is None:
+            conns = self._of[host] = {}
+        if new:
+            conns[conn] = new
+        else:
+            del conns[conn]
+        self.total += new - old
+        left = self._host_total.get(host, 0) + new - old
+        if left:
+            self._host_total[host] = left
+        else:
+            self._host_total.pop(host, None)
+            if not conns:
+                del self._of[host]
+
+    def remove(self, conn: C, host: str) -> int:
+        """Take every byte of ``conn`` out of the pool; how many there were."""
+        held = self.held(conn, host)
+        self.add(conn, host, -held)
+        return held
+
+    @property
+    def over(self) -> bool:
+        return self.total > self.budget
+
+    def victim(self, conn: C, host: str) -> tuple[C, str]:
+        """The connection to drop, the pool being over budget after ``conn`` (of ``host``) added bytes: ``conn``
+        itself when its host holds the most (ties included), else the largest connection of the host that
+        does; with that host."""
+        top = max(self._host_total, key=self._host_total.__getitem__)
+        if self._host_total.get(host, 0) >= self._host_total[top]:
+            return conn, host
+        conns = self._of[top]
+        return max(conns, key=conns.__getitem__), top
+
+
+class Pending(Generic[C]):
+    """Connections (``C``) waiting to say their Hello, oldest first: in all, by host, and hosts by how many they
+    have (so :meth:`crowded` is constant time: counts change by one at a time)."""
+
+    def __init__(self) -> None:
+        self.all: dict[C, None] = {}
+        self._of: dict[str, dict[C, None]] = {}
+        self._with: dict[int, dict[str, None]] = {}  # count -> the hosts with that many, in the order they got it
+        self._top = 0
+
+    def __len__(self) -> int:
+        return len(self.all)
+
+    def of(self, host: str) -> dict[C, None]:
+        """The connections of ``host``, oldest first (do not modify)."""
+        return self._of.get(host, {})
+
+    def count(self, host: str) -> int:
+        return len(self._of.get(host, ()))
+
+    def _move(self, host: str, old: int, new: int) -> None:
+        if old:
+            hosts = self._with[old]
+            del hosts[host]
+            if not hosts:
+                del self._with[old]
+                if self._top == old:
+                    self._top = new
+        if new:
+            self._with.setdefault(new, {})[host] = None
+            self._top = max(self._top, new)
+
+    def add(self, conn: C, host: str) -> None:
+        conns = self._of.setdefault(host, {})
+        if conn in conns:
+            return
+        conns[conn] = None
+        self.all[conn] = None
+        self._move(host, len(conns) - 1, len(conns))
+
+    def discard(self, conn: C, host: str) -> None:
+        conns = self._of.get(host)
+        if conns is None or conn not in conns:
+            return
+        del conns[conn]
+        del self.all[conn]
+        self._move(host, len(conns) + 1, len(conns))
+        if not conns:
+            del self._of[host]
+
+    def crowded(self) -> tuple[str, int] | None:
+        """A host with the most connections (the first to get that many), and how many; None when none."""
+        if not self._top:
+            return None
+        return next(iter(self._with[self._top])), self._top
