@@ -14,7 +14,12 @@ Two shards of ``--devices`` each over 127.0.0.1, with a deployment secret. Two f
 - ``idle-churn``: the second process's ``--attackers`` connections from ``--hosts`` addresses (default 20) say
   nothing and reconnect as soon as they are closed, filling the connection limit (devices + 64: use a small
   ``--devices``); then the shards (``--shards``, default 2) connect. Before a crowded host gave way to a host
-  with fewer connections at once, a newcomer could take only the place of a connection open a second.
+  with fewer connections at once, a newcomer could take only the place of a connection open a second;
+- ``foreign-hellos``: the second process holds shard 0's credentials and, from ``--hosts`` addresses (default
+  100), one connection each, sends Hellos naming shard 0's devices and 1% of shard 1's, whose credentials it
+  lacks (the sample passes about half the time, the full MAC never), while shard 0 stays away; then shard 1
+  connects, and the time is until it is registered. Before first registrations were checked ahead of Hellos
+  from suspect hosts or naming suspect devices (mostly), shard 1 waited behind one full MAC per host.
 
 Reported: the time from the (last) shard's connect to the whole population being registered, with and without
 the flood, measured in the same run (their ratio is the flood's cost), and the flood's size meanwhile.
@@ -33,6 +38,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import os
 import platform
 import secrets
 import struct
@@ -52,15 +58,26 @@ PROTOCOL = "1bitrrpm"
 
 
 FRAME = 1 << 16  # the partial-frames flood: each connection's incomplete frame (its header says this many bytes)
-DEFAULT_HOSTS = {"partial-frames": 8, "idle-churn": 20}  # the floods' addresses, from 127.0.0.2 on
+DEFAULT_HOSTS = {"partial-frames": 8, "idle-churn": 20, "foreign-hellos": 100}  # the floods' addresses, from
+# 127.0.0.2 on
 
 
-async def flood(kind: str, port: int, connections: int, hosts: int, seconds: float) -> None:
-    """A flood without credentials (run in a process of its own): ``connections`` peers on ``hosts`` loopback
-    addresses, each reconnecting as soon as it is closed; with ``partial-frames`` each holds a frame one byte
-    short of complete until just before the read timeout (2 s here), with ``idle-churn`` it says nothing."""
+async def flood(kind: str, port: int, connections: int, hosts: int, seconds: float, secret: bytes = b"",
+                devices: int = 0) -> None:
+    """A flood (run in a process of its own): ``connections`` peers on ``hosts`` loopback addresses, each
+    reconnecting as soon as it is closed; with ``partial-frames`` each holds a frame one byte short of complete
+    until just before the read timeout (2 s here), with ``idle-churn`` it says nothing, with ``foreign-hellos``
+    it sends a Hello for shard 0 (``devices`` of them: their credentials from ``secret``) and 1% of shard 1."""
+    import numpy as np
+
+    from protocols import auth, wire
+    from protocols.framing import frame
+    from protocols.messages import Hello
+
     body = b"\0" * (FRAME - 1)
     end = time.monotonic() + seconds
+    ids = np.arange(devices + devices // 100, dtype=np.uint64)
+    keys = auth.device_keys(secret, ids[:devices]) + os.urandom(auth.KEY_BYTES * (ids.size - devices)) if secret else b""
 
     async def one(i: int) -> None:
         await asyncio.sleep(i * 0.001)
@@ -71,7 +88,15 @@ async def flood(kind: str, port: int, connections: int, hosts: int, seconds: flo
                 await asyncio.sleep(0.05)
                 continue
             try:
-                if kind == "partial-frames":
+                if kind == "foreign-hellos":
+                    length = int.from_bytes(await reader.readexactly(4), "big")
+                    challenge = wire.decode(await reader.readexactly(length))
+                    mac = auth.hello_mac(keys, challenge.nonce, challenge.round, PROTOCOL, ids)
+                    writer.write(frame(wire.encode(Hello(round=challenge.round, protocol=PROTOCOL, devices=ids,
+                                                         mac=mac))))
+                    while await reader.read(1 << 16):  # until the collector closes it
+                        pass
+                elif kind == "partial-frames":
                     await reader.readexactly(int.from_bytes(await reader.readexactly(4), "big"))  # the Challenge
                     writer.write(struct.pack(">I", FRAME) + body)
                     await writer.drain()
@@ -155,20 +180,29 @@ async def _under_flood(kind: str, server, sc, port: int, attackers: int, hosts: 
     flooding = None
     if attackers:
         flooding = subprocess.Popen(["nice", sys.executable, __file__, "--flood", kind, "--port", str(port),
-                                     "--attackers", str(attackers), "--hosts", str(hosts)])
+                                     "--attackers", str(attackers), "--hosts", str(hosts), "--devices",
+                                     str(sc.devices // shards)],
+                                    env={**os.environ, "FLOOD_SECRET": secret.hex()})
         pool = server.unregistered_pool
         for _ in range(1000):
             await asyncio.sleep(0.01)
             if (pool.total >= 0.9 * pool.budget if kind == "partial-frames"
+                    else server.drops.get("auth", 0) >= hosts if kind == "foreign-hellos"
                     else len(server.connections) >= server.max_connections):
                 break
-    held = server.unregistered_pool.total if kind == "partial-frames" else len(server.connections)
+    held = (server.unregistered_pool.total if kind == "partial-frames" else
+            server.drops.get("auth", 0) if kind == "foreign-hellos" else len(server.connections))
     start = time.perf_counter()
     n = sc.devices
+    joining = range(1, shards) if kind == "foreign-hellos" else range(shards)  # (shard 0's devices stay away)
     tasks = [asyncio.create_task(live.build_client(sc, live.shard(n, i, shards), Ledger(n), HOST, port, None,
-                                                   secret).run()) for i in range(shards)]
+                                                   secret).run()) for i in joining]
     try:
-        await asyncio.wait_for(server._registered.wait(), 120)
+        if kind == "foreign-hellos":
+            while server._held < n - n // shards:
+                await asyncio.sleep(0.005)
+        else:
+            await asyncio.wait_for(server._registered.wait(), 120)
         took = time.perf_counter() - start
     finally:
         if flooding is not None:
@@ -185,25 +219,29 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--devices", type=int, default=50_000, help="devices per shard (default 50,000)")
     parser.add_argument("--attackers", type=int, default=8, help="flooding connections (default 8)")
-    parser.add_argument("--kind", choices=("valid-hellos", "partial-frames", "idle-churn"), default="valid-hellos",
+    parser.add_argument("--kind", choices=("valid-hellos", "partial-frames", "idle-churn", "foreign-hellos"),
+                        default="valid-hellos",
                         help="the flood (default valid-hellos; see the module docstring)")
-    parser.add_argument("--hosts", type=int, default=0, help="the flood's addresses without credentials "
-                                                              "(default 8 for partial-frames, 20 for idle-churn)")
+    parser.add_argument("--hosts", type=int, default=0, help="the flood's addresses (default 8 for partial-frames, "
+                                                              "20 for idle-churn, 100 for foreign-hellos)")
     parser.add_argument("--shards", type=int, default=2, help="honest shards (default 2)")
-    parser.add_argument("--flood", choices=("partial-frames", "idle-churn"), help=argparse.SUPPRESS)
+    parser.add_argument("--flood", choices=("partial-frames", "idle-churn", "foreign-hellos"), help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--no-record", action="store_true", help="print only; do not append to results.jsonl")
     args = parser.parse_args()
     if args.devices < 1 or args.attackers < 1 or args.shards < 2 or not 0 <= args.hosts <= 250:
         parser.error("--devices and --attackers must be at least 1, --shards at least 2, --hosts at most 250")
     if args.flood is not None:  # a flood's own process
-        asyncio.run(flood(args.flood, args.port, args.attackers, args.hosts, 120.0))
+        asyncio.run(flood(args.flood, args.port, args.attackers, args.hosts, 120.0,
+                          bytes.fromhex(os.environ.get("FLOOD_SECRET", "")), args.devices))
         return
     import structlog
 
     structlog.configure(logger_factory=structlog.ReturnLoggerFactory())  # the collector's log lines: not here
     secret = secrets.token_bytes(32)
     hosts = args.hosts or DEFAULT_HOSTS.get(args.kind, 0)
+    if args.kind == "foreign-hellos":
+        args.attackers = max(args.attackers, hosts)  # (one connection a host)
     asyncio.run(register_shard_1(args.devices, 0, secret, args.kind, hosts, args.shards))  # warm-up: not kept
     quiet = asyncio.run(register_shard_1(args.devices, 0, secret, args.kind, hosts, args.shards))
     flooded = asyncio.run(register_shard_1(args.devices, args.attackers, secret, args.kind, hosts, args.shards))
@@ -215,8 +253,8 @@ def main() -> None:
         entry["flooding_hellos"] = flooded["flooding_hellos"]
     else:
         entry["flood_hosts"] = hosts
-        entry["pool_bytes_at_connect" if args.kind == "partial-frames" else "connections_at_connect"] = \
-            flooded["held_at_connect"]
+        entry[{"partial-frames": "pool_bytes_at_connect", "idle-churn": "connections_at_connect",
+               "foreign-hellos": "failed_hellos_at_connect"}[args.kind]] = flooded["held_at_connect"]
     print(json.dumps(entry))
     if not args.no_record:
         append_result(entry)

@@ -12,15 +12,20 @@ Both limits are shared by every peer, honest or not, so each is given out by hos
 - :class:`Pending`: the connections that have said no Hello, oldest first, in all and by host, with the host
   holding the most at hand in constant time, so that a newcomer at the connection limit can take the place of
   a crowded host's connection (LiveCollector._make_room).
+- :class:`Turns`: the turns at the MAC check (one Hello at a time), first come first served within two classes:
+  first registrations before the Hellos that name devices registered before or named by a Hello that failed
+  its full MAC, or that come from a host one of whose Hellos failed it (LiveCollector._verify).
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections import deque
 from typing import Generic, Hashable, TypeVar
 
 C = TypeVar("C", bound=Hashable)
 
-__all__ = ["BufferPool", "Pending"]
+__all__ = ["BufferPool", "Pending", "Turns"]
 
 
 class BufferPool(Generic[C]):
@@ -138,3 +143,44 @@ class Pending(Generic[C]):
         if not self._top:
             return None
         return next(iter(self._with[self._top])), self._top
+
+
+class Turns:
+    """One holder at a time; waiters are served first come first served within two classes, every ``urgent``
+    one before any other (an asyncio.Lock with a second, lower queue)."""
+
+    def __init__(self) -> None:
+        self._busy = False
+        self._queues: tuple[deque[asyncio.Future[None]], deque[asyncio.Future[None]]] = (deque(), deque())
+
+    @property
+    def waiting(self) -> int:
+        return sum(1 for q in self._queues for f in q if not f.done())
+
+    async def acquire(self, urgent: bool) -> None:
+        """Wait for the turn (cancellable: a waiter cancelled as its turn came passes the turn on)."""
+        if not self._busy and not self.waiting:
+            self._busy = True
+            return
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        queue = self._queues[0 if urgent else 1]
+        queue.append(turn)
+        try:
+            await turn
+        except asyncio.CancelledError:
+            if turn.done() and not turn.cancelled():  # handed the turn as it was cancelled: pass it on
+                self.release()
+            raise
+        finally:
+            if turn in queue:
+                queue.remove(turn)
+
+    def release(self) -> None:
+        """End the holder's turn: the next urgent waiter's, else the next other's, else nobody's."""
+        for queue in self._queues:
+            while queue:
+                turn = queue.popleft()
+                if not turn.done():
+                    turn.set_result(None)
+                    return
+        self._busy = False

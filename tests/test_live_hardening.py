@@ -1404,6 +1404,92 @@ async def test_a_flood_of_hellos_from_one_host_delays_another_host_s_hello_by_on
     assert server._lanes == {}  # no host's turn left behind
 
 
+@pytest.mark.asyncio
+async def test_first_registrations_are_checked_before_hellos_of_suspect_devices_or_hosts(monkeypatch) -> None:
+    """A peer holding a shard's credentials sends them with a few foreign ids (the sample passes, the full MAC
+    fails: 0.2 s each here). Its devices, and its host, are then suspect: its Hellos from other hosts, and any
+    from its host, wait behind a first registration that came later. Before, the MAC check was first come first
+    served across hosts, so such a peer on 100 hosts held a 50,000-device shard's registration behind 100 full
+    MACs (3.6 s instead of 0.4). Order of the full checks: the first failure, the one in progress, then the
+    honest Hello, then the suspect ones in their order."""
+    checked: list[tuple[int, int]] = []
+
+    def slow_full(*args):
+        ids = args[4]
+        checked.append((int(ids[0]), ids.size))
+        time.sleep(0.2)
+        return int(ids[0]) not in (0, 300)  # the leaked shard's Hellos (0-99, and 300-349) fail
+
+    monkeypatch.setattr(server_module.auth, "check_sample", lambda *args: True)
+    monkeypatch.setattr(server_module.auth, "check_full", slow_full)
+    sc = scenario()
+    server, _, _ = live.build_server(sc, Ledger(sc.devices), None, dataclasses.replace(FAST, secret=SECRET))
+    port = await server.start(HOST, 0)
+
+    async def knock(source: str, ids) -> bool:
+        """Whether the collector closed the connection (refused) rather than kept it (registered)."""
+        reader, writer = await asyncio.open_connection(HOST, port, local_addr=(source, 0))
+        challenge = await read_frame(reader)
+        writer.write(hello(ids, mac=b"\0" * 64, round_=challenge.round))
+        await writer.drain()
+        try:
+            return await closed_by_server(reader, timeout=3)
+        finally:
+            writer.close()
+
+    try:
+        assert await knock("127.0.0.2", range(100))  # fails: 0-99 and 127.0.0.2 are suspect now
+        assert server.suspect[:100].all() and not server.suspect[100:].any()
+        later = []
+        for source, ids in [("127.0.0.3", range(100)), ("127.0.0.2", range(300, 350)), ("127.0.0.4", range(50)),
+                            ("127.0.0.1", range(100, 300))]:
+            later.append(asyncio.ensure_future(knock(source, ids)))
+            await asyncio.sleep(0.05)  # in this order; the first is being checked
+        assert await asyncio.gather(*later) == [True, True, True, False]  # the honest Hello registered
+    finally:
+        await server.close()
+    assert checked == [(0, 100), (0, 100), (100, 200), (300, 50), (0, 50)], checked
+    assert server.drops == {"auth": 4}, server.drops
+
+
+@pytest.mark.asyncio
+async def test_turns_serve_the_urgent_first_and_pass_a_cancelled_turn_on() -> None:
+    """collector/shares.py's Turns: one holder; urgent waiters before others, each class in arrival order; a
+    waiter cancelled while waiting leaves its queue, and one cancelled as its turn came passes it on."""
+    from collector.shares import Turns
+
+    turns, order, holding = Turns(), [], [0]
+
+    async def take(name: str, urgent: bool, hold: float = 0.01) -> None:
+        await turns.acquire(urgent)
+        holding[0] += 1
+        order.append((name, holding[0]))
+        await asyncio.sleep(hold)
+        holding[0] -= 1
+        turns.release()
+
+    await turns.acquire(False)  # held: everyone below waits
+    tasks = [asyncio.ensure_future(take(n, u)) for n, u in [("low1", False), ("high1", True), ("low2", False),
+                                                             ("high2", True)]]
+    doomed = asyncio.ensure_future(take("cancelled", True))
+    await asyncio.sleep(0.01)
+    assert turns.waiting == 5
+    doomed.cancel()
+    await asyncio.sleep(0)
+    assert turns.waiting == 4
+    turns.release()
+    await asyncio.gather(*tasks)
+    assert order == [("high1", 1), ("high2", 1), ("low1", 1), ("low2", 1)]  # one holder at a time
+    await turns.acquire(True)  # free again: taken at once
+    handed = asyncio.ensure_future(turns.acquire(False))
+    await asyncio.sleep(0)
+    turns.release()  # handed to the waiter, which is cancelled before it runs: it passes the turn on
+    handed.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await handed
+    await asyncio.wait_for(turns.acquire(False), 1)  # not stuck
+
+
 def test_with_a_secret_the_first_frame_limit_tells_the_population_within_a_factor_of_two() -> None:
     """An attacker's finding: the first-frame limit (a Hello of the whole population: 8 bytes an id and room)
     refused frame headers above it at once, so a binary search on bare headers gave the exact population in 31
