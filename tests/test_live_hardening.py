@@ -867,6 +867,26 @@ async def _keep_idle(port: int, source: str, stop: asyncio.Event, opened: list[i
         await asyncio.sleep(0.001)
 
 
+async def run_among_idle_peers(h: Harness, sources: list[str], fill: int, check=lambda: True) -> dict:
+    """Idle peers from ``sources`` (one each, reconnecting at once: :func:`_keep_idle`) until ``fill``
+    connections are open (and ``check()`` holds), then the harness's honest clients and run; its summary."""
+    await h.listen()
+    stop, opened = asyncio.Event(), []
+    peers = [asyncio.create_task(_keep_idle(h.port, source, stop, opened)) for source in sources]
+    try:
+        for _ in range(200):
+            await asyncio.sleep(0.05)
+            if len(h.server.connections) >= fill:
+                break
+        assert len(h.server.connections) == fill and check(), len(h.server.connections)
+        h.start_clients()
+        h.start_run()
+        return await h.finish(timeout=90)
+    finally:
+        stop.set()
+        await asyncio.gather(*peers, return_exceptions=True)
+
+
 @pytest.mark.asyncio
 @pytest.mark.parametrize("hosts, peers", [(20, 20), (1, 40)], ids=["one-idle-peer-on-each-of-20-hosts",
                                                                       "40-idle-peers-on-one-host"])
@@ -879,22 +899,8 @@ async def test_idle_peers_reconnecting_at_once_cannot_keep_honest_clients_out(ho
     (loopback addresses), the honest clients from 127.0.0.1."""
     settings = dataclasses.replace(FAST, max_connections=20, hello_timeout=30.0, startup_timeout=25.0)
     h = Harness(scenario(), settings, connections=4)
-    await h.listen()
-    stop, opened = asyncio.Event(), []
-    peers_ = [asyncio.create_task(_keep_idle(h.port, f"127.0.0.{2 + i % hosts}", stop, opened))
-              for i in range(peers)]
-    try:
-        for _ in range(200):  # the limit filled (or the host's half) before the honest clients come
-            await asyncio.sleep(0.05)
-            if len(h.server.connections) >= min(20, 10 * hosts):
-                break
-        assert len(h.server.connections) == min(20, 10 * hosts), len(h.server.connections)
-        h.start_clients()
-        h.start_run()
-        got = await h.finish(timeout=90)
-    finally:
-        stop.set()
-        await asyncio.gather(*peers_, return_exceptions=True)
+    # the limit filled (or the host's half) before the honest clients come
+    got = await run_among_idle_peers(h, [f"127.0.0.{2 + i % hosts}" for i in range(peers)], min(20, 10 * hosts))
     assert got["live"]["devices_at_start"] == h.sc.devices, h.server.drops
     assert got["digests"] == simulated()
     drops = h.server.drops
@@ -915,21 +921,8 @@ async def test_a_crowded_host_gives_way_to_a_host_with_fewer_connections_at_once
     monkeypatch.setattr(server_module, "EVICT_AGE", 60.0)
     settings = dataclasses.replace(FAST, max_connections=20, hello_timeout=150.0, startup_timeout=10.0)
     h = Harness(scenario(), settings, connections=4)
-    await h.listen()
-    stop, opened = asyncio.Event(), []
-    peers_ = [asyncio.create_task(_keep_idle(h.port, f"127.0.0.{2 + i % 4}", stop, opened)) for i in range(40)]
-    try:
-        for _ in range(200):
-            await asyncio.sleep(0.05)
-            if len(h.server.connections) >= 20:
-                break
-        assert len(h.server.connections) == 20 and h.server.pending.crowded()[1] >= 5
-        h.start_clients()
-        h.start_run()
-        got = await h.finish(timeout=60)
-    finally:
-        stop.set()
-        await asyncio.gather(*peers_, return_exceptions=True)
+    got = await run_among_idle_peers(h, [f"127.0.0.{2 + i % 4}" for i in range(40)], 20,
+                                     lambda: h.server.pending.crowded()[1] >= 5)
     assert got["live"]["devices_at_start"] == h.sc.devices, h.server.drops
     assert got["digests"] == simulated()
     assert h.server.drops.get("evicted", 0) >= 4 and set(h.server.drops) <= {"evicted", "connection_limit"}
