@@ -575,7 +575,9 @@ class LiveCollector:
             try:  # a Hello queues for its turn at most the hello timeout (a flood of them holds no slot longer)
                 await asyncio.wait_for(lane.acquire(), self.settings.hello_timeout)
                 try:
-                    await asyncio.wait_for(self._turns.acquire(self._first_registration(conn.host, msg.devices)),
+                    # (a Hello that is not a first registration waits behind those at most half its time)
+                    await asyncio.wait_for(self._turns.acquire(self._first_registration(conn.host, msg.devices),
+                                                               self.settings.hello_timeout / 2),
                                            max(0.0, deadline - loop.time()))
                 except BaseException:
                     lane.release()
@@ -620,11 +622,14 @@ class LiveCollector:
         host it floods from (from 100 hosts, 3.6 s instead of 0.4 for a 50,000-device shard). Only a full
         MAC's failure marks devices (a peer must hold nearly every credential its Hello names to reach it), and
         the half is a majority of the Hello: the few foreign ids of each failed Hello, the devices of the
-        first registrations it delays, would take one failed Hello per percent of a shard to demote it."""
+        first registrations it delays, would take one failed Hello per percent of a shard to demote it. A
+        Hello naming no device of the population is none; one that is not waits behind first registrations at
+        most half the hello timeout (then among them), so that a stream of them never starves it."""
         if host in self._failed_hosts:
             return False
         known = self._in_range(ids)
-        return int(np.count_nonzero(self.registered[known] | self.suspect[known])) * 2 <= known.size
+        familiar = int(np.count_nonzero(self.registered[known] | self.suspect[known]))
+        return known.size > 0 and familiar * 2 <= known.size
 
     def _failed(self, host: str, ids: np.ndarray) -> None:
         """A Hello from ``host`` naming ``ids`` passed the sample and failed the full MAC."""

@@ -147,7 +147,8 @@ class Pending(Generic[C]):
 
 class Turns:
     """One holder at a time; waiters are served first come first served within two classes, every ``urgent``
-    one before any other (an asyncio.Lock with a second, lower queue)."""
+    one before any other (an asyncio.Lock with a second, lower queue), except that a waiter of the lower class
+    joins the urgent queue after ``promote_after`` seconds (so a stream of urgent ones never starves it)."""
 
     def __init__(self) -> None:
         self._busy = False
@@ -157,23 +158,32 @@ class Turns:
     def waiting(self) -> int:
         return sum(1 for q in self._queues for f in q if not f.done())
 
-    async def acquire(self, urgent: bool) -> None:
+    async def acquire(self, urgent: bool, promote_after: float | None = None) -> None:
         """Wait for the turn (cancellable: a waiter cancelled as its turn came passes the turn on)."""
         if not self._busy and not self.waiting:
             self._busy = True
             return
         turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        queue = self._queues[0 if urgent else 1]
-        queue.append(turn)
+        self._queues[0 if urgent else 1].append(turn)
         try:
-            await turn
+            if urgent or promote_after is None:
+                await turn
+            else:
+                try:
+                    await asyncio.wait_for(asyncio.shield(turn), promote_after)
+                except asyncio.TimeoutError:
+                    if turn in self._queues[1]:  # (not handed the turn meanwhile) to the end of the urgent queue
+                        self._queues[1].remove(turn)
+                        self._queues[0].append(turn)
+                    await turn
         except asyncio.CancelledError:
             if turn.done() and not turn.cancelled():  # handed the turn as it was cancelled: pass it on
                 self.release()
             raise
         finally:
-            if turn in queue:
-                queue.remove(turn)
+            for queue in self._queues:
+                if turn in queue:
+                    queue.remove(turn)
 
     def release(self) -> None:
         """End the holder's turn: the next urgent waiter's, else the next other's, else nobody's."""

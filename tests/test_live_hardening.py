@@ -1448,13 +1448,14 @@ async def test_first_registrations_are_checked_before_hellos_of_suspect_devices_
 @pytest.mark.asyncio
 async def test_turns_serve_the_urgent_first_and_pass_a_cancelled_turn_on() -> None:
     """collector/shares.py's Turns: one holder; urgent waiters before others, each class in arrival order; a
-    waiter cancelled while waiting leaves its queue, and one cancelled as its turn came passes it on."""
+    waiter cancelled while waiting leaves its queue, and one cancelled as its turn came passes it on; a waiter
+    of the lower class past its promotion time goes before urgent ones that came after that."""
     from collector.shares import Turns
 
     turns, order, holding = Turns(), [], [0]
 
-    async def take(name: str, urgent: bool, hold: float = 0.01) -> None:
-        await turns.acquire(urgent)
+    async def take(name: str, urgent: bool, hold: float = 0.01, promote_after: float | None = None) -> None:
+        await turns.acquire(urgent, promote_after)
         holding[0] += 1
         order.append((name, holding[0]))
         await asyncio.sleep(hold)
@@ -1481,6 +1482,14 @@ async def test_turns_serve_the_urgent_first_and_pass_a_cancelled_turn_on() -> No
     with pytest.raises(asyncio.CancelledError):
         await handed
     await asyncio.wait_for(turns.acquire(False), 1)  # not stuck
+    order.clear()  # held: a waiter of the lower class joins the urgent queue after its promotion time
+    slow = asyncio.ensure_future(take("low, promoted", False, promote_after=0.05))
+    await asyncio.sleep(0.15)
+    late = asyncio.ensure_future(take("urgent, later", True))
+    await asyncio.sleep(0.01)
+    turns.release()
+    await asyncio.gather(slow, late)
+    assert order == [("low, promoted", 1), ("urgent, later", 1)]
 
 
 def test_with_a_secret_the_first_frame_limit_tells_the_population_within_a_factor_of_two() -> None:
