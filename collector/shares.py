@@ -146,13 +146,17 @@ class Pending(Generic[C]):
 
 
 class Turns:
-    """One holder at a time; waiters are served first come first served within two classes, every ``urgent``
-    one before any other (an asyncio.Lock with a second, lower queue), except that a waiter of the lower class
-    joins the urgent queue after ``promote_after`` seconds (so a stream of urgent ones never starves it)."""
+    """One holder at a time; waiters are served first come first served within two classes, ``urgent`` ones
+    first (an asyncio.Lock with a second, lower queue), but never more than ``burst`` urgent turns in a row
+    while a waiter of the lower class waits, and a waiter of the lower class joins the urgent queue after
+    ``promote_after`` seconds: a stream of urgent ones (forged Hellos, refused after one key derivation each,
+    from a peer without credentials) never starves the others (an honest client reconnecting waited 15 s)."""
 
-    def __init__(self) -> None:
+    def __init__(self, burst: int = 4) -> None:
         self._busy = False
         self._queues: tuple[deque[asyncio.Future[None]], deque[asyncio.Future[None]]] = (deque(), deque())
+        self.burst = int(burst)
+        self._run = 0  # urgent turns given in a row while the lower queue had a waiter
 
     @property
     def waiting(self) -> int:
@@ -186,11 +190,15 @@ class Turns:
                     queue.remove(turn)
 
     def release(self) -> None:
-        """End the holder's turn: the next urgent waiter's, else the next other's, else nobody's."""
-        for queue in self._queues:
+        """End the holder's turn: the next urgent waiter's (but the next other's after ``burst`` of them in a row),
+        else the next other's, else nobody's."""
+        urgent, other = self._queues
+        for queue in ((other, urgent) if self._run >= self.burst else (urgent, other)):
             while queue:
                 turn = queue.popleft()
                 if not turn.done():
                     turn.set_result(None)
+                    self._run = self._run + 1 if queue is urgent and any(not f.done() for f in other) else 0
                     return
         self._busy = False
+        self._run = 0

@@ -1447,9 +1447,10 @@ async def test_first_registrations_are_checked_before_hellos_of_suspect_devices_
 
 @pytest.mark.asyncio
 async def test_turns_serve_the_urgent_first_and_pass_a_cancelled_turn_on() -> None:
-    """collector/shares.py's Turns: one holder; urgent waiters before others, each class in arrival order; a
-    waiter cancelled while waiting leaves its queue, and one cancelled as its turn came passes it on; a waiter
-    of the lower class past its promotion time goes before urgent ones that came after that."""
+    """collector/shares.py's Turns: one holder; urgent waiters before others, each class in arrival order, but
+    no more than ``burst`` urgent turns in a row while another waits; a waiter cancelled while waiting leaves
+    its queue, and one cancelled as its turn came passes it on; a waiter of the lower class past its promotion
+    time goes before urgent ones that came after that."""
     from collector.shares import Turns
 
     turns, order, holding = Turns(), [], [0]
@@ -1462,18 +1463,21 @@ async def test_turns_serve_the_urgent_first_and_pass_a_cancelled_turn_on() -> No
         holding[0] -= 1
         turns.release()
 
+    turns.burst = 2  # at most two urgent turns in a row while another waits
     await turns.acquire(False)  # held: everyone below waits
     tasks = [asyncio.ensure_future(take(n, u)) for n, u in [("low1", False), ("high1", True), ("low2", False),
-                                                             ("high2", True)]]
+                                                             ("high2", True), ("high3", True), ("high4", True)]]
     doomed = asyncio.ensure_future(take("cancelled", True))
     await asyncio.sleep(0.01)
-    assert turns.waiting == 5
+    assert turns.waiting == 7
     doomed.cancel()
     await asyncio.sleep(0)
-    assert turns.waiting == 4
+    assert turns.waiting == 6
     turns.release()
     await asyncio.gather(*tasks)
-    assert order == [("high1", 1), ("high2", 1), ("low1", 1), ("low2", 1)]  # one holder at a time
+    assert [name for name, _ in order] == ["high1", "high2", "low1", "high3", "high4", "low2"]
+    assert all(holders == 1 for _, holders in order)  # one holder at a time
+    turns.burst = 4
     await turns.acquire(True)  # free again: taken at once
     handed = asyncio.ensure_future(turns.acquire(False))
     await asyncio.sleep(0)
