@@ -1217,13 +1217,17 @@ async def test_devices_refused_mid_run_keep_what_they_spent() -> None:
     assert (outcome.ledger.spend > 0).all()  # every device answered round 1, and was charged for it
 
 
-async def knock_with_a_bad_mac(port: int, ids) -> bool:
-    """Connect, answer the challenge with a Hello for ``ids`` and a wrong MAC; whether the server closed it."""
-    reader, writer = await connect(port)
-    challenge = await read_frame(reader)
-    writer.write(hello(ids, mac=b"\0" * 64, round_=challenge.round))
-    await writer.drain()
-    return await closed_by_server(reader, timeout=5)
+async def knock_with_a_bad_mac(port: int, ids, source: str | None = None, timeout: float = 5.0) -> bool:
+    """Connect (from the loopback address ``source``, if given), answer the challenge with a Hello for ``ids``
+    and a wrong MAC; whether the server closed the connection within ``timeout`` (refused, not registered)."""
+    reader, writer = await (asyncio.open_connection(HOST, port, local_addr=(source, 0)) if source else connect(port))
+    try:
+        challenge = await read_frame(reader)
+        writer.write(hello(ids, mac=b"\0" * 64, round_=challenge.round))
+        await writer.drain()
+        return await closed_by_server(reader, timeout=timeout)
+    finally:
+        writer.close()
 
 
 @pytest.mark.asyncio
@@ -1375,15 +1379,8 @@ async def test_a_flood_of_hellos_from_one_host_delays_another_host_s_hello_by_on
     server, _, _ = live.build_server(sc, Ledger(sc.devices), None, dataclasses.replace(FAST, secret=SECRET))
     port = await server.start(HOST, 0)
 
-    async def knock(source: str, first: int) -> bool:
-        reader, writer = await asyncio.open_connection(HOST, port, local_addr=(source, 0))
-        challenge = await read_frame(reader)
-        writer.write(hello([first, first + 1], mac=b"\0" * 64, round_=challenge.round))
-        await writer.drain()
-        try:
-            return await closed_by_server(reader, timeout=10)
-        finally:
-            writer.close()
+    def knock(source: str, first: int):
+        return knock_with_a_bad_mac(port, [first, first + 1], source, timeout=10)
 
     try:
         flood = [asyncio.ensure_future(knock("127.0.0.2", 1)) for _ in range(6)]
@@ -1419,16 +1416,8 @@ async def test_first_registrations_are_checked_before_hellos_of_suspect_devices_
     server, _, _ = live.build_server(sc, Ledger(sc.devices), None, dataclasses.replace(FAST, secret=SECRET))
     port = await server.start(HOST, 0)
 
-    async def knock(source: str, ids) -> bool:
-        """Whether the collector closed the connection (refused) rather than kept it (registered)."""
-        reader, writer = await asyncio.open_connection(HOST, port, local_addr=(source, 0))
-        challenge = await read_frame(reader)
-        writer.write(hello(ids, mac=b"\0" * 64, round_=challenge.round))
-        await writer.drain()
-        try:
-            return await closed_by_server(reader, timeout=3)
-        finally:
-            writer.close()
+    def knock(source: str, ids):  # whether the collector refused the Hello (rather than registered it)
+        return knock_with_a_bad_mac(port, ids, source, timeout=3)
 
     try:
         assert await knock("127.0.0.2", range(100))  # fails: 0-99 and 127.0.0.2 are suspect now
