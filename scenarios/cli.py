@@ -253,8 +253,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 143 if isinstance(exc, Terminated) else 130
     print(f"ldpsim: sweep {sw.name}: {outcome.finished} run(s) finished now, {outcome.skipped} already done, "
-          f"{outcome.failed} failed, of {outcome.total}; {out / 'results.csv'}, {out / 'results.parquet'} and "
-          f"{len(outcome.plots)} plot(s)", file=sys.stderr)
+          f"{outcome.failed} failed, of {outcome.total}; {out / 'results.csv'}, {out / 'points.csv'}, "
+          f"{out / 'results.parquet'} and {len(outcome.plots)} plot(s)", file=sys.stderr)
     code = 0
     if outcome.breached:
         print(f"ldpsim: error: privacy: {len(outcome.breached)} run(s) where a device spent past the protocol's own "
@@ -861,7 +861,8 @@ def parser() -> argparse.ArgumentParser:
         "sweep", help="run a scenario over a grid of parameter values, repeated with derived seeds",
         description="Run SCENARIO at every point of the grid (the cross product of the --grid values), R times "
                     "each; repetition r uses the same derived seed at every point. Writes runs.jsonl, "
-                    "results.csv, results.parquet, sweep.json, failed.jsonl (if runs fail) and error_*.png to "
+                    "results.csv, points.csv (mean, sd, s.e. and 95% interval per point), results.parquet, "
+                    "sweep.json, failed.jsonl (if runs fail) and error_*.png to "
                     "--out. Runs go longest first to one pool of worker processes, or to a Dask cluster. Repeating "
                     "the command resumes: only runs missing from runs.jsonl are run.")
     sw.add_argument("scenario", help="a scenario .toml file (may hold a [sweep] table), or a shipped name")

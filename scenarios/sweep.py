@@ -24,10 +24,11 @@ reference; no project object is pickled. The digests of a run are the same which
 
 DIR holds ``sweep.json`` (the definition, written first), ``runs.jsonl`` (one line per finished run, appended
 as runs finish), ``failed.jsonl`` (runs that raised in the latest invocation, with their tracebacks),
-``results.csv`` (one tidy row per run), ``results.parquet`` (the same rows, typed; written to a temporary name
-and moved into place) and one ``error_<name>.png`` per error figure. Re-running the same sweep into DIR runs
-only the (point, repetition) pairs missing from runs.jsonl, locally or on a cluster, so an interrupted or
-partly failed sweep is resumed by repeating the command.
+``results.csv`` (one tidy row per run), ``points.csv`` (per grid point and figure: runs, mean, sd, standard
+error and 95% interval of the mean over the repetitions), ``results.parquet`` (results.csv's rows, typed;
+written to a temporary name and moved into place) and one ``error_<name>.png`` per error figure. Re-running
+the same sweep into DIR runs only the (point, repetition) pairs missing from runs.jsonl, locally or on a
+cluster, so an interrupted or partly failed sweep is resumed by repeating the command.
 
 Scaling: ``python benchmarks/bench_sweep_scaling.py --repeat 2`` (32 runs of 150,000 devices x 14 rounds;
 1 worker against N, pool and local cluster, start-up included). On the shared 2-core project machine (two
@@ -674,7 +675,7 @@ def _prepare(sweep: Sweep, out: Path, force: bool) -> None:
         elif runs.exists():
             raise ScenarioError(f"--out {out}: holds runs.jsonl but no sweep.json; pass --force to start over")
     else:
-        for name in ("runs.jsonl", "failed.jsonl", "results.csv", "results.parquet", "sweep.json"):
+        for name in ("runs.jsonl", "failed.jsonl", "results.csv", "points.csv", "results.parquet", "sweep.json"):
             (out / name).unlink(missing_ok=True)
         for png in out.glob("error_*.png"):
             png.unlink()
@@ -744,7 +745,7 @@ def load_records(sweep: Sweep, out: Path) -> dict[tuple[int, int], dict[str, Any
 def execute(sweep: Sweep, out: Path, force: bool = False, quiet: bool = False,
             cluster: Cluster | None = None) -> Outcome:
     """Run the missing runs of ``sweep`` into ``out`` (longest first; on ``cluster`` if given, else in
-    ``sweep.workers`` local processes), then rebuild results.csv, results.parquet and the plots."""
+    ``sweep.workers`` local processes), then rebuild results.csv, points.csv, results.parquet and the plots."""
     if cluster is not None:
         import_distributed()  # a missing extra fails before anything is written
     _prepare(sweep, out, force)
@@ -892,8 +893,59 @@ def _errors_of(summary: dict[str, Any]) -> str | None:
     return error_of(params, unit if isinstance(unit, str) else None)
 
 
+#: points.csv's columns after the varied keys: one row per grid point and figure
+POINT_COLUMNS = ("figure", "errors_of", "runs", "mean", "sd", "se", "ci95_low", "ci95_high")
+
+
+def moments(values: list[float]) -> tuple[int, float, float, float]:
+    """n, mean, sample standard deviation (n - 1 in the denominator) and standard error sd / sqrt(n) of one
+    grid point's figures over its repetitions; sd and se are NaN (unknown, not 0) for fewer than two."""
+    import numpy as np
+
+    n = len(values)
+    if n == 0:
+        return 0, math.nan, math.nan, math.nan
+    mean = float(np.mean(values))
+    if n == 1:
+        return 1, mean, math.nan, math.nan
+    sd = float(np.std(values, ddof=1))
+    return n, mean, sd, sd / math.sqrt(n)
+
+
+def point_summary(sweep: Sweep, header: list[str],
+                  rows: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, Any]]]:
+    """The columns and rows of points.csv: for each grid point (in grid order) and each ``error_*`` and
+    ``epsilon_*`` figure of results.csv (in its order), over the point's repetitions that have the figure:
+    ``runs``, ``mean``, ``sd`` (sample, n - 1), ``se`` (sd / sqrt(runs)) and the two-sided 95% Student-t
+    interval of the mean, mean -+ t(0.975, runs - 1) se. The interval takes the repetitions as independent
+    draws of a figure roughly normal from run to run; the repetitions share their seeds across points (common
+    random numbers), so two points' intervals are not independent: compare points on their paired
+    differences (results.csv, same repetition). Unknown values are empty: sd, se and the interval for a point
+    with one run, every statistic for a point without the figure."""
+    from scipy import stats
+
+    figures = [c for c in header if c.startswith(("error_", "epsilon_"))]
+    by_point: dict[tuple[str, ...], list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        by_point[tuple(row[k] for k in sweep.keys)].append(row)
+    out = []
+    for labels, runs in by_point.items():
+        for col in figures:
+            n, mean, sd, se = moments([float(r[col]) for r in runs if _number(r[col])])
+            half = float(stats.t.ppf(0.975, n - 1)) * se if n > 1 else math.nan
+            # what an error figure is an error of (a count of rounds, and a spend, are of nothing)
+            of = ({r.get("errors_of") for r in runs} if col.startswith("error_")
+                  and col != "error_rounds_without_estimate" else set())
+            out.append({**dict(zip(sweep.keys, labels)), "figure": col,
+                        "errors_of": next(iter(of)) if len(of) == 1 else None, "runs": n,
+                        **{k: (None if math.isnan(v) else v) for k, v in
+                           (("mean", mean), ("sd", sd), ("se", se), ("ci95_low", mean - half),
+                            ("ci95_high", mean + half))}})
+    return [*sweep.keys, *POINT_COLUMNS], out
+
+
 def write_results(path: Path, header: list[str], rows: list[dict[str, Any]]) -> None:
-    """results.csv, written atomically."""
+    """A table of CSV (results.csv, points.csv), written atomically."""
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w", encoding="utf-8", newline="") as f:
         w = csv.writer(f, lineterminator="\n")
@@ -1080,7 +1132,7 @@ def _draw_panel(ax: Any, groups: dict[tuple[str, ...], dict[int, list[float]]], 
         js = sorted(by_x, key=lambda j: xpos[j])
         ys = [by_x[j] for j in js]
         mean = [float(np.mean(y)) for y in ys]
-        se = [float(np.std(y, ddof=1) / math.sqrt(len(y))) if len(y) > 1 else 0.0 for y in ys]
+        se = [moments(y)[3] for y in ys]  # NaN for one run: no bar, rather than a bar of 0
         label = ", ".join(f"{k.strip()}={_short(str(v))}" for k, v in zip(others, combo) if k not in fixed) or None
         ax.errorbar([xpos[j] for j in js], mean, yerr=se, marker="o", ms=4, capsize=3, lw=1.2, label=label)
 
@@ -1096,11 +1148,12 @@ def _short(label: str, most: int = 44) -> str:
 
 
 def rebuild(sweep: Sweep, out: Path, records: dict[tuple[int, int], dict[str, Any]] | None = None) -> list[Path]:
-    """results.csv, results.parquet and the plots from runs.jsonl (``records``: as load_records read it);
+    """results.csv, points.csv, results.parquet and the plots from runs.jsonl (``records``: as load_records read it);
     stale error_*.png files are removed."""
     records = load_records(sweep, out) if records is None else records
     header, rows = tidy(sweep, records)
     write_results(out / "results.csv", header, rows)
+    write_results(out / "points.csv", *point_summary(sweep, header, rows))
     write_parquet(out / "results.parquet", sweep, header, rows, [records[key]["point"] for key in sorted(records)])
     plots = plot_figures(sweep, header, rows, out) if rows else []
     for png in out.glob("error_*.png"):

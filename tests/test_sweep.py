@@ -178,6 +178,55 @@ def test_plots_exist_for_every_error_figure(two_workers):
         assert (two_workers / f"{name}.png").read_bytes()[:8] == PNG_MAGIC
 
 
+#: Student's t quantile t(0.975, 1): the 95% interval of a mean of two runs (a table value, not computed here)
+T_975_ONE_DF = 12.706204736174707
+
+
+def test_points_csv_gives_each_points_mean_spread_and_95_percent_interval(two_workers):
+    """points.csv against results.csv, recomputed here with the statistics module: per grid point and figure,
+    the runs, mean, sample sd (n - 1), standard error sd / sqrt(n) and mean -+ t(0.975, n - 1) se."""
+    import statistics
+
+    header, rows = read_csv(two_workers / "results.csv")
+    pheader, prows = read_csv(two_workers / "points.csv")
+    assert pheader == ["protocol.epsilon", "protocol.name", "figure", "errors_of", "runs", "mean", "sd", "se",
+                       "ci95_low", "ci95_high"]
+    figures = [c for c in header if c.startswith(("error_", "epsilon_"))]
+    points = sorted({(r["protocol.epsilon"], r["protocol.name"]) for r in rows})
+    assert len(prows) == len(points) * len(figures)
+    spread = 0
+    for p in prows:
+        runs = [r for r in rows if (r["protocol.epsilon"], r["protocol.name"]) == (p["protocol.epsilon"],
+                                                                                    p["protocol.name"])]
+        values = [float(r[p["figure"]]) for r in runs]
+        assert int(p["runs"]) == len(values) == 2
+        mean, sd = statistics.fmean(values), statistics.stdev(values)
+        se = sd / math.sqrt(2)
+        assert float(p["mean"]) == pytest.approx(mean, rel=1e-12, abs=1e-300)
+        assert float(p["sd"]) == pytest.approx(sd, rel=1e-9, abs=1e-12)
+        assert float(p["se"]) == pytest.approx(se, rel=1e-9, abs=1e-12)
+        assert float(p["ci95_low"]) == pytest.approx(mean - T_975_ONE_DF * se, rel=1e-9, abs=1e-9)
+        assert float(p["ci95_high"]) == pytest.approx(mean + T_975_ONE_DF * se, rel=1e-9, abs=1e-9)
+        spread += sd > 0
+        # what an error is an error of, as results.csv says; nothing for a count of rounds or a spend
+        expected_of = runs[0]["errors_of"] if p["figure"].startswith("error_") and \
+            p["figure"] != "error_rounds_without_estimate" else ""
+        assert p["errors_of"] == expected_of
+    assert spread > len(prows) // 3  # the repetitions' seeds differ: most figures move from run to run
+
+
+def test_a_point_with_one_run_has_no_spread_rather_than_a_spread_of_zero(tmp_path):
+    out = tmp_path / "once"
+    assert sweep_cli(out, "--workers", "1", grid=["--grid", "protocol.epsilon=1,2"], repeat="1") == 0
+    _, rows = read_csv(out / "results.csv")
+    _, prows = read_csv(out / "points.csv")
+    assert prows and all(p["runs"] == "1" for p in prows)
+    for p in prows:
+        (run,) = [r for r in rows if r["protocol.epsilon"] == p["protocol.epsilon"]]
+        assert float(p["mean"]) == float(run[p["figure"]])
+        assert p["sd"] == p["se"] == p["ci95_low"] == p["ci95_high"] == ""  # unknown, not 0
+
+
 def test_log_axis_rule_and_its_use(tmp_path, monkeypatch):
     assert sweep.log_axis([0.5, 1, 2, 16])
     assert not sweep.log_axis([0.5, 1, 2, 8])  # a factor of 16
