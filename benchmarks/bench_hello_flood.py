@@ -20,9 +20,8 @@ Two shards of ``--devices`` each over 127.0.0.1, with a deployment secret. Two f
   lacks (the sample passes about half the time, the full MAC never), a different 1% each Hello, while shard 0
   stays away; once 3 Hellos a host have been refused, shard 1 connects, and the time is until it is
   registered. Before first registrations were checked ahead of Hellos from suspect hosts or naming suspect
-  devices (mostly), shard 1 waited behind one full MAC per host; until failed Hellos counted only for Hellos
-  repeating half of one (collector/shares.py's Marks), the failed Hellos' 1% slices demoted shard 1 and it
-  waited as long.
+  devices (mostly), shard 1 waited behind one full MAC per host; it still does once the failed Hellos' 1%
+  slices have marked most of it (the peer then demotes a shard it does not hold: README, live hardening).
 
 Reported: the time from the (last) shard's connect to the whole population being registered, with and without
 the flood, measured in the same run (their ratio is the flood's cost), and the flood's size meanwhile.

@@ -30,7 +30,7 @@ Hostile input is bounded (every cause counted in ``drops``; summary.json's ``liv
   (:meth:`LiveCollector._admit`): a host flooding Hellos, with valid credentials or without, delays another
   host's by one check; a Hello whose peer closed before its turn is not checked (``abandoned``); first
   registrations are checked before Hellos from a host whose Hello failed the full MAC or naming mostly devices
-  registered before or repeating such a Hello (:meth:`LiveCollector._first_registration`), so that a flood of
+  registered before or named by such a Hello (:meth:`LiveCollector._first_registration`), so that a flood of
   those from many hosts delays a first registration by one check too;
 - connections beyond ``max_connections`` (default: devices + 64, at most RLIMIT_NOFILE - 64): the newcomer takes
   the place of the oldest connection without a Hello of the host with the most such connections when that host
@@ -66,7 +66,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from collector.shares import BufferPool, Marks, Pending, Turns
+from collector.shares import BufferPool, Pending, Turns
 from collector.stages import round_stages
 from collector.hostile import Hostility, describe
 from collector.process import LOGGED_REJECTIONS_PER_ROUND, CollectorStats
@@ -235,10 +235,9 @@ class LiveCollector:
         self._registered = asyncio.Event()
         self._turns = Turns()  # one Hello's MAC checked at a time (_admit), first registrations first
         self._lanes: dict[str, Lane] = {}  # by host: at most one of its Hellos queued for _turns
-        #: devices named by Hellos whose full MAC failed (their peers held nearly all the credentials they named,
-        #: and not all): with the devices ever registered, a Hello mostly repeating them waits behind first
-        #: registrations
-        self.marks = Marks(self.n_devices)
+        #: devices named by a Hello whose full MAC failed (its peer held nearly all the credentials it named, and
+        #: not all): with the devices ever registered, a Hello naming one waits behind first registrations
+        self.suspect = np.zeros(self.n_devices, dtype=bool)
         self._failed_hosts: dict[str, None] = {}  # hosts one of whose Hellos failed the full MAC (the latest)
         self._logged = 0
         self.current_round = 0
@@ -617,24 +616,24 @@ class LiveCollector:
     def _first_registration(self, host: str, ids: np.ndarray) -> bool:
         """Whether a Hello is checked before the others waiting (:class:`~collector.shares.Turns`): it comes
         from a host none of whose Hellos failed the full MAC, and at most half of its devices were registered
-        before or are named by failed Hellos of which it repeats at least half (:class:`~collector.shares.Marks`).
-        A peer holding a shard's credentials that re-registers them, or sends them with a few others' ids
-        (passing the sample half the time with 1%) from one host after another, then delays a first
-        registration by at most the check in progress, not by one full MAC per host it floods from (from 100
-        hosts, 3.6 s instead of 0.4 for a 50,000-device shard). Only a full MAC's failure marks devices (a peer
-        must hold nearly every credential its Hello names to reach it), and the few foreign ids of a failed
-        Hello count only for a Hello that repeats half of it: no number of them demotes a shard the peer does
-        not hold (when any mark counted, fifty failed Hellos of 1% each did). A Hello naming no device of the
-        population is none; one that is not waits behind first registrations at most half the hello timeout
-        (then among them), so that a stream of them never starves it."""
+        before or named by a Hello that failed it. A peer holding a shard's credentials that re-registers them,
+        or sends them with a few others' ids (passing the sample half the time with 1%) from one host after
+        another, then delays a first registration by at most the check in progress, not by one full MAC per
+        host it floods from (from 100 hosts, 3.6 s instead of 0.4 for a 50,000-device shard). Only a full
+        MAC's failure marks devices (a peer must hold nearly every credential its Hello names to reach it), and
+        the half is a majority of the Hello: the few foreign ids of each failed Hello, the devices of the
+        first registrations it delays, would take one failed Hello per percent of a shard to demote it. A
+        Hello naming no device of the population is none; one that is not waits behind first registrations at
+        most half the hello timeout (then among them), so that a stream of them never starves it."""
         if host in self._failed_hosts:
             return False
         known = self._in_range(ids)
-        return known.size > 0 and not self.marks.familiar(known, self.registered)
+        familiar = int(np.count_nonzero(self.registered[known] | self.suspect[known]))
+        return known.size > 0 and familiar * 2 <= known.size
 
     def _failed(self, host: str, ids: np.ndarray) -> None:
         """A Hello from ``host`` naming ``ids`` passed the sample and failed the full MAC."""
-        self.marks.mark(self._in_range(ids))
+        self.suspect[self._in_range(ids)] = True
         self._failed_hosts.pop(host, None)
         self._failed_hosts[host] = None
         if len(self._failed_hosts) > FAILED_HOSTS:

@@ -13,10 +13,8 @@ Both limits are shared by every peer, honest or not, so each is given out by hos
   holding the most at hand in constant time, so that a newcomer at the connection limit can take the place of
   a crowded host's connection (LiveCollector._make_room).
 - :class:`Turns`: the turns at the MAC check (one Hello at a time), first come first served within two classes:
-  first registrations before the Hellos that name devices registered before or repeat most of a Hello that
-  failed its full MAC, or that come from a host one of whose Hellos failed it (LiveCollector._verify).
-- :class:`Marks`: which failed Hello last named each device, and how many devices each named, so that a Hello
-  repeating most of a failed one is told from a shard that a few failed Hellos named in passing.
+  first registrations before the Hellos that name devices registered before or named by a Hello that failed
+  its full MAC, or that come from a host one of whose Hellos failed it (LiveCollector._verify).
 """
 
 from __future__ import annotations
@@ -25,11 +23,9 @@ import asyncio
 from collections import deque
 from typing import Generic, Hashable, TypeVar
 
-import numpy as np
-
 C = TypeVar("C", bound=Hashable)
 
-__all__ = ["BufferPool", "Marks", "Pending", "Turns"]
+__all__ = ["BufferPool", "Pending", "Turns"]
 
 
 class BufferPool(Generic[C]):
@@ -206,57 +202,3 @@ class Turns:
                     return
         self._busy = False
         self._run = 0
-
-
-class Marks:
-    """The devices of ``n`` named by Hellos that failed the full MAC (their peers held nearly all the credentials
-    they named, and not all), each with the failed Hello that named it last, and each failed Hello's size.
-
-    A Hello is :meth:`familiar` when most of its devices are registered, or are named by failed Hellos of which
-    it repeats at least half: a peer holding a leaked shard's credentials that sends them again, from host after
-    host, with a few foreign ids or a different part of the shard each time. A failed Hello's few foreign ids
-    (the sample lets about 1% through half the time) count only for a Hello repeating that failed one, so they
-    do not make another shard familiar: before, one mark a device from any failed Hello counted, and fifty
-    failed Hellos of 1% each demoted a shard the peer does not hold. Naming a failed Hello's ids without
-    repeating half of it needs failed Hellos of twice the size first (their peer's hosts are demoted too:
-    LiveCollector._failed_hosts).
-
-    Memory: 4 bytes a device, and 8 a failed Hello still naming a device last (a table compacted as it fills,
-    at least ``n`` / 64 long so that compaction, one pass over the devices, comes at most once in ``n`` / 128
-    failures)."""
-
-    def __init__(self, n: int) -> None:
-        self.last = np.zeros(int(n), dtype=np.uint32)  # the failed Hello that named each device last (0: none)
-        self.sizes = np.zeros(max(1024, int(n) // 64), dtype=np.int64)  # devices each failed Hello named
-        self.count = 0  # failed Hellos numbered 1..count
-
-    def mark(self, idx: np.ndarray) -> None:
-        """A Hello naming devices ``idx`` (in-range indices) failed the full MAC."""
-        if self.count + 1 >= self.sizes.size:
-            self._compact()
-        self.count += 1
-        self.sizes[self.count] = idx.size
-        self.last[idx] = self.count
-
-    def _compact(self) -> None:
-        """Renumber the failed Hellos that still name a device last, 1, 2, ... in order (one pass over the
-        devices), and double the table if they fill more than half of it."""
-        used = np.flatnonzero(np.bincount(self.last, minlength=self.count + 1)[1:]) + 1
-        renumber = np.zeros(self.count + 1, dtype=np.uint32)
-        renumber[used] = np.arange(1, used.size + 1, dtype=np.uint32)
-        self.last = renumber[self.last]
-        sizes = np.zeros(self.sizes.size * (2 if 2 * (used.size + 1) > self.sizes.size else 1), dtype=np.int64)
-        sizes[1:used.size + 1] = self.sizes[used]
-        self.sizes, self.count = sizes, int(used.size)
-
-    def familiar(self, idx: np.ndarray, registered: np.ndarray) -> bool:
-        """Whether more than half of the devices ``idx`` (in-range indices, none repeated) are ``registered``
-        (a bool per device) or named last by a failed Hello of which ``idx`` names at least half."""
-        held = registered[idx]
-        last = self.last[idx]
-        marked = last[(last > 0) & ~held]
-        known = int(np.count_nonzero(held))
-        if 2 * (known + marked.size) <= idx.size:  # not a majority even with every mark counted
-            return False
-        hellos, named = np.unique(marked, return_counts=True)
-        return 2 * (known + int(named[2 * named >= self.sizes[hellos]].sum())) > idx.size

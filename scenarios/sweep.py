@@ -1148,8 +1148,8 @@ def _short(label: str, most: int = 44) -> str:
 
 
 def rebuild(sweep: Sweep, out: Path, records: dict[tuple[int, int], dict[str, Any]] | None = None) -> list[Path]:
-    """results.csv, points.csv, results.parquet and the plots from runs.jsonl (``records``: as load_records read it);
-    stale error_*.png files are removed."""
+    """results.csv, points.csv, results.parquet and the plots from runs.jsonl (``records``: as load_records
+    read it); stale error_*.png files are removed."""
     records = load_records(sweep, out) if records is None else records
     header, rows = tidy(sweep, records)
     write_results(out / "results.csv", header, rows)

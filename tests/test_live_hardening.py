@@ -1421,7 +1421,7 @@ async def test_first_registrations_are_checked_before_hellos_of_suspect_devices_
 
     try:
         assert await knock("127.0.0.2", range(100))  # fails: 0-99 and 127.0.0.2 are suspect now
-        assert (server.marks.last[:100] == 1).all() and not server.marks.last[100:].any()
+        assert server.suspect[:100].all() and not server.suspect[100:].any()
         later = []
         for source, ids in [("127.0.0.3", range(100)), ("127.0.0.2", range(300, 350)), ("127.0.0.4", range(50)),
                             ("127.0.0.1", range(100, 300))]:
@@ -1432,95 +1432,6 @@ async def test_first_registrations_are_checked_before_hellos_of_suspect_devices_
         await server.close()
     assert checked == [(0, 100), (0, 100), (100, 200), (300, 50), (0, 50)], checked
     assert server.drops == {"auth": 4}, server.drops
-
-
-@pytest.mark.asyncio
-async def test_failed_hellos_naming_a_few_of_a_shards_ids_each_do_not_demote_that_shard(monkeypatch) -> None:
-    """A peer holding a leaked shard's credentials (0-99) sends them with a different fifth of another shard's ids
-    (100-199) each time, from host after host: each Hello passes the sample and fails the full MAC. Every id of
-    the other shard is then named by a failed Hello, but by none that its own Hello repeats half of: its first
-    registration still goes before the leaked shard's next Hello, which repeats the last failed one. When every
-    mark counted, the other shard was demoted and waited behind the leaked shard's Hellos (the order below
-    became [0, 0, 100]). The marks, checked directly: a Hello repeating half a failed Hello is familiar; one
-    naming a fifth of each of five is not."""
-    from collector.shares import Marks
-
-    checked: list[int] = []
-
-    def slow_full(*args):
-        ids = args[4]
-        checked.append(int(ids[0]))
-        time.sleep(0.2 if len(checked) > 5 else 0.0)
-        return int(ids[0]) != 0  # the leaked shard's Hellos fail
-
-    monkeypatch.setattr(server_module.auth, "check_sample", lambda *args: True)
-    monkeypatch.setattr(server_module.auth, "check_full", slow_full)
-    sc = scenario()
-    server, _, _ = live.build_server(sc, Ledger(sc.devices), None, dataclasses.replace(FAST, secret=SECRET))
-    port = await server.start(HOST, 0)
-
-    def knock(source: str, ids):
-        return knock_with_a_bad_mac(port, list(ids), source, timeout=3)
-
-    try:
-        for k in range(5):  # 0-99 with 100-119, then 120-139, ...: every id of 100-199 named by a failed Hello
-            assert await knock(f"127.0.0.{10 + k}", [*range(100), *range(100 + 20 * k, 120 + 20 * k)])
-        assert (server.marks.last[100:200] > 0).all()
-        later = []
-        for source, ids in [("127.0.0.2", range(100)), ("127.0.0.3", range(100)), ("127.0.0.1", range(100, 200))]:
-            later.append(asyncio.ensure_future(knock(source, ids)))
-            await asyncio.sleep(0.05)  # in this order; the first is being checked
-        assert await asyncio.gather(*later) == [True, True, False]  # the honest Hello registered
-    finally:
-        await server.close()
-    assert checked[5:] == [0, 100, 0], checked  # the check in progress, then the other shard's first registration
-
-    marks, nobody = Marks(1000), np.zeros(1000, dtype=bool)
-    for k in range(5):
-        marks.mark(np.arange(100 * k, 100 * k + 100))
-    assert marks.familiar(np.arange(50), nobody)  # half of one failed Hello: all its ids count
-    assert not marks.familiar(np.arange(0, 500, 2)[::2], nobody)  # a quarter of each: none count
-    assert not marks.familiar(np.arange(400, 600), nobody)  # one whole failed Hello, and as many unmarked
-    held = np.zeros(1000, dtype=bool)
-    held[500:520] = True
-    assert marks.familiar(np.arange(400, 519), held)  # 100 repeated and 19 registered of 119
-    assert marks.familiar(np.r_[450:500, 500:520, 600:630], held)  # 50 repeated and 20 registered of 100
-    assert not marks.familiar(np.r_[460:500, 500:520, 600:640], held)  # 40 (less than half of 400-499) and 20
-
-
-def test_marks_keep_their_meaning_when_their_table_is_compacted() -> None:
-    """Marks renumbers the failed Hellos still naming a device last when its table fills: the same answers
-    before and after, whether the table doubles or not."""
-    from collector.shares import Marks
-
-    rng = np.random.default_rng(7)
-    marks, nobody = Marks(4096), np.zeros(4096, dtype=bool)
-    shadow = np.zeros(4096, dtype=np.int64)  # the failed Hello (numbered from 1) that named each device last
-    sizes = [0]
-    def mark(idx: np.ndarray) -> None:
-        marks.mark(idx)
-        sizes.append(idx.size)
-        shadow[idx] = len(sizes) - 1
-
-    for _ in range(10):  # failed Hellos that no device names last once the next one is marked
-        mark(np.arange(0, 10))
-    mark(np.arange(0, 1000))  # one of 1,000 devices, renumbered 1 by each compaction
-    for d in range(3000, 3700):  # 700 failed Hellos of one device each, all still naming theirs last
-        mark(np.array([d]))
-    for _ in range(5000):  # a table of 1024: compacted, grown (over half of it still in use), compacted again
-        lo = int(rng.integers(1000, 2900))
-        mark(np.arange(lo, lo + int(rng.integers(1, 96))))
-    assert marks.sizes.size == 2048 and marks.count < len(sizes) - 1 - 1024
-    assert not marks.familiar(np.arange(0, 400), nobody) and marks.familiar(np.arange(0, 500), nobody)
-    answers = set()
-    for _ in range(300):
-        lo = int(rng.integers(0, 3900))
-        idx = np.arange(lo, lo + int(rng.integers(1, 196)))
-        hellos, named = np.unique(shadow[idx][shadow[idx] > 0], return_counts=True)
-        expected = 2 * int(named[2 * named >= np.array(sizes)[hellos]].sum()) > idx.size
-        assert marks.familiar(idx, nobody) == expected
-        answers.add(expected)
-    assert answers == {True, False}
 
 
 @pytest.mark.asyncio
