@@ -40,10 +40,12 @@ from the message (with repetition). The collector recomputes the three from ``S`
   could not register (collector/server.py).
 - *A forged Hello costs little:* without credentials it is refused after one derivation (the probe), however
   many ids it names. A peer holding the credentials of a share f of the ids it names passes the probe with
-  probability f and the sample with f^64 (about 5e-20 at f = 1/2), which it cannot raise by grinding nonces,
-  rounds or id sets offline: a forged Hello costs the collector 65 derivations, never the n of the full MAC,
-  unless the peer holds nearly all of the credentials it names (f = 0.99 passes 1 Hello in 2: then the n
-  devices are nearly all its own).
+  probability f and the sample with f^64 (about 5e-20 at f = 1/2). Trying id sets offline against the
+  connection's nonce takes about f^-64 tries to find one that passes: out of reach at f = 1/2, but about a
+  thousand at f = 0.9 and a million at f = 0.8 (an attacker pass found one with 10% foreign ids in 756 tries).
+  So a forged Hello costs the collector 65 derivations, never the n of the full MAC, unless the peer holds
+  most of the credentials it names (f = 0.99 passes 1 Hello in 2 without trying: then the n devices are
+  nearly all its own).
 
 **Credentials files.** A process hosting a shard of the devices needs their ``k_d`` only, never ``S``: the
 operator writes each shard's credentials to a file (``ldpsim credentials``) and the shard reads that
