@@ -1005,10 +1005,12 @@ def _command(args: argparse.Namespace) -> int:
         print("ldpsim: interrupted", file=sys.stderr)
         return 130
     except SystemError as exc:  # Ctrl-C inside numba's loading of a cached kernel comes out as a SystemError
-        if not _caused_by_interrupt(exc):
+        interrupt = _interrupt_in(exc)
+        if interrupt is None:
             raise
-        print("ldpsim: interrupted", file=sys.stderr)
-        return 130
+        terminated = isinstance(interrupt, Terminated)  # SIGTERM there (a cold kernel cache) is still a stop
+        print(f"ldpsim: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
+        return 143 if terminated else 130
     except Exception as exc:  # a plugin's or a behavior's own code that raised: where and what, in one line
         line = failure.one_line(exc)
         if line is None:  # raised in ldpsim itself: a bug, with its traceback
@@ -1017,15 +1019,16 @@ def _command(args: argparse.Namespace) -> int:
         return 2
 
 
-def _caused_by_interrupt(exc: BaseException | None) -> bool:
-    """Whether a KeyboardInterrupt is among ``exc``'s causes (a C extension that was interrupted re-raises it
-    wrapped: numba's kernel loading gave "SystemError: ... returned a result with an exception set")."""
+def _interrupt_in(exc: BaseException | None) -> KeyboardInterrupt | None:
+    """The KeyboardInterrupt (or :class:`Terminated`) among ``exc``'s causes, if any (a C extension that was
+    interrupted re-raises it wrapped: numba's kernel loading gave "SystemError: ... returned a result with an
+    exception set")."""
     seen = 0
     while exc is not None and seen < 20:
         if isinstance(exc, KeyboardInterrupt):
-            return True
+            return exc
         exc, seen = exc.__cause__ or exc.__context__, seen + 1
-    return False
+    return None
 
 
 class Terminated(KeyboardInterrupt):

@@ -817,7 +817,8 @@ def test_compare_of_a_protocol_without_a_baseline_names_those_that_have_one(caps
 def test_an_interrupt_wrapped_by_a_c_extension_is_one_line(monkeypatch, capsys) -> None:
     """Ctrl-C while numba loads a cached kernel comes out as "SystemError: ... returned a result with an exception
     set" caused by the KeyboardInterrupt (a fresh clone's .ci/run showed the traceback): it is "ldpsim:
-    interrupted", exit 130, like any interrupt; a SystemError of another cause is not hidden."""
+    interrupted", exit 130, like any interrupt (a SIGTERM so wrapped: "terminated", 143); a SystemError of
+    another cause is not hidden."""
     from scenarios import cli
 
     def wrapped(args):  # type: ignore[no-untyped-def]
@@ -829,6 +830,17 @@ def test_an_interrupt_wrapped_by_a_c_extension_is_one_line(monkeypatch, capsys) 
     monkeypatch.setattr(cli, "cmd_protocols", wrapped)
     assert main(["protocols"]) == 130
     assert capsys.readouterr().err.strip() == "ldpsim: interrupted"
+
+    def terminated(args):  # type: ignore[no-untyped-def]
+        # SIGTERM there (a fresh clone's .ci/run, its kernel cache cold, exited 130 "interrupted" for it)
+        try:
+            raise cli.Terminated
+        except KeyboardInterrupt as exc:
+            raise SystemError("<function _numba_unpickle> returned a result with an exception set") from exc
+
+    monkeypatch.setattr(cli, "cmd_protocols", terminated)
+    assert main(["protocols"]) == 143
+    assert capsys.readouterr().err.strip() == "ldpsim: terminated"
 
     def other(args):  # type: ignore[no-untyped-def]
         raise SystemError("something else")
