@@ -7,7 +7,7 @@ Two shards of ``--devices`` each over 127.0.0.1, with a deployment secret. Two f
   shard 1 connects. Before the holder check moved ahead of the full MAC (and hosts took turns at the MAC
   check), each flooding Hello cost one key derivation per device of shard 0;
 - ``partial-frames``: a second process, without credentials, keeps ``--attackers`` connections from ``--hosts``
-  other loopback addresses (127.0.0.2 and up; default 8) each holding an incomplete 64 KiB frame (reconnecting
+  other loopback addresses (127.0.1.2 and up; default 8) each holding an incomplete 64 KiB frame (reconnecting
   when dropped, each held until just before the read timeout), so that the collector's pool of bytes for
   unregistered connections (256 MiB) stays full; then both shards connect. Before the pool dropped a
   connection of the host holding the most (collector/shares.py), the honest Hellos were the ones dropped;
@@ -19,9 +19,13 @@ Two shards of ``--devices`` each over 127.0.0.1, with a deployment secret. Two f
   100), one connection each, sends Hellos naming shard 0's devices and 1% of shard 1's, whose credentials it
   lacks (the sample passes about half the time, the full MAC never), a different 1% each Hello, while shard 0
   stays away; once 3 Hellos a host have been refused, shard 1 connects, and the time is until it is
-  registered. Before first registrations were checked ahead of Hellos from suspect hosts or naming suspect
-  devices (mostly), shard 1 waited behind one full MAC per host; it still does once the failed Hellos' 1%
-  slices have marked most of it (the peer then demotes a shard it does not hold: README, live hardening).
+  registered. The failed Hellos' 1% slices mark most of shard 1, which is then checked among the peer's Hellos
+  (the peer demotes a shard it does not hold: README, live hardening). Before networks took turns at the
+  check, shard 1 waited behind one full MAC per address (3.2 s); now one per network.
+
+The floods come from 127.0.1.2 and up, another /24 than the honest shards' 127.0.0.1; ``--same-network``
+floods from 127.0.0.2 and up, the honest shards' own /24 (a peer in the shards' network: one turn between
+them all, as before).
 
 Reported: the time from the (last) shard's connect to the whole population being registered, with and without
 the flood, measured in the same run (their ratio is the flood's cost), and the flood's size meanwhile.
@@ -61,11 +65,11 @@ PROTOCOL = "1bitrrpm"
 
 FRAME = 1 << 16  # the partial-frames flood: each connection's incomplete frame (its header says this many bytes)
 DEFAULT_HOSTS = {"partial-frames": 8, "idle-churn": 20, "foreign-hellos": 100}  # the floods' addresses, from
-# 127.0.0.2 on
+# 127.0.1.2 on (--same-network: 127.0.0.2)
 
 
 async def flood(kind: str, port: int, connections: int, hosts: int, seconds: float, secret: bytes = b"",
-                devices: int = 0) -> None:
+                devices: int = 0, network: str = "127.0.1") -> None:
     """A flood (run in a process of its own): ``connections`` peers on ``hosts`` loopback addresses, each
     reconnecting as soon as it is closed; with ``partial-frames`` each holds a frame one byte short of complete
     until just before the read timeout (2 s here), with ``idle-churn`` it says nothing, with ``foreign-hellos``
@@ -88,7 +92,7 @@ async def flood(kind: str, port: int, connections: int, hosts: int, seconds: flo
         await asyncio.sleep(i * 0.001)
         while time.monotonic() < end:
             try:
-                reader, writer = await asyncio.open_connection(HOST, port, local_addr=(f"127.0.0.{2 + i % hosts}", 0))
+                reader, writer = await asyncio.open_connection(HOST, port, local_addr=(f"{network}.{2 + i % hosts}", 0))
             except OSError:
                 await asyncio.sleep(0.05)
                 continue
@@ -121,7 +125,7 @@ async def flood(kind: str, port: int, connections: int, hosts: int, seconds: flo
 
 
 async def register_shard_1(devices: int, attackers: int, secret: bytes, kind: str = "valid-hellos",
-                           hosts: int = 0, shards: int = 2) -> dict:
+                           hosts: int = 0, shards: int = 2, network: str = "127.0.1") -> dict:
     """Seconds from shard 1's connect until the population is registered, with ``attackers`` flooding."""
     from collector.server import LiveSettings
     from protocols import auth, wire
@@ -140,7 +144,8 @@ async def register_shard_1(devices: int, attackers: int, secret: bytes, kind: st
     port = await server.start(HOST, 0)
     shard0, shard1 = live.shard(n, 0, 2), live.shard(n, 1, 2)
     if kind != "valid-hellos":
-        return await _under_flood(kind, server, sc, port, attackers, hosts or DEFAULT_HOSTS[kind], shards, secret)
+        return await _under_flood(kind, server, sc, port, attackers, hosts or DEFAULT_HOSTS[kind], shards, secret,
+                                  network)
     keys = auth.device_keys(secret, shard0)
     tasks = [asyncio.create_task(live.build_client(sc, shard0, Ledger(n), HOST, port, None, secret).run())]
     while server._held < shard0.size:
@@ -179,7 +184,7 @@ async def register_shard_1(devices: int, attackers: int, secret: bytes, kind: st
 
 
 async def _under_flood(kind: str, server, sc, port: int, attackers: int, hosts: int, shards: int,
-                       secret: bytes) -> dict:
+                       secret: bytes, network: str) -> dict:
     """register_shard_1's floods without credentials: every shard connects once the flood fills what it aims
     at (the unregistered connections' buffer pool, or the connection limit), or after 10 s."""
     from protocols.ledger import Ledger
@@ -189,7 +194,7 @@ async def _under_flood(kind: str, server, sc, port: int, attackers: int, hosts: 
     if attackers:
         flooding = subprocess.Popen(["nice", sys.executable, __file__, "--flood", kind, "--port", str(port),
                                      "--attackers", str(attackers), "--hosts", str(hosts), "--devices",
-                                     str(sc.devices // shards)],
+                                     str(sc.devices // shards), "--network", network],
                                     env={**os.environ, "FLOOD_SECRET": secret.hex()})
         pool = server.unregistered_pool
         for _ in range(1000):
@@ -233,6 +238,10 @@ def main() -> None:
     parser.add_argument("--hosts", type=int, default=0, help="the flood's addresses (default 8 for partial-frames, "
                                                               "20 for idle-churn, 100 for foreign-hellos)")
     parser.add_argument("--shards", type=int, default=2, help="honest shards (default 2)")
+    parser.add_argument("--same-network", action="store_true",
+                        help="flood from 127.0.0.2 and up, the honest shards' /24 (default: 127.0.1.2 and up, "
+                             "another /24)")
+    parser.add_argument("--network", default="127.0.1", help=argparse.SUPPRESS)
     parser.add_argument("--flood", choices=("partial-frames", "idle-churn", "foreign-hellos"), help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--no-record", action="store_true", help="print only; do not append to results.jsonl")
@@ -241,7 +250,7 @@ def main() -> None:
         parser.error("--devices and --attackers must be at least 1, --shards at least 2, --hosts at most 250")
     if args.flood is not None:  # a flood's own process
         asyncio.run(flood(args.flood, args.port, args.attackers, args.hosts, 120.0,
-                          bytes.fromhex(os.environ.get("FLOOD_SECRET", "")), args.devices))
+                          bytes.fromhex(os.environ.get("FLOOD_SECRET", "")), args.devices, args.network))
         return
     import structlog
 
@@ -250,9 +259,11 @@ def main() -> None:
     hosts = args.hosts or DEFAULT_HOSTS.get(args.kind, 0)
     if args.kind == "foreign-hellos":
         args.attackers = max(args.attackers, hosts)  # (one connection a host)
+    network = "127.0.0" if args.same_network else "127.0.1"
     asyncio.run(register_shard_1(args.devices, 0, secret, args.kind, hosts, args.shards))  # warm-up: not kept
     quiet = asyncio.run(register_shard_1(args.devices, 0, secret, args.kind, hosts, args.shards))
-    flooded = asyncio.run(register_shard_1(args.devices, args.attackers, secret, args.kind, hosts, args.shards))
+    flooded = asyncio.run(register_shard_1(args.devices, args.attackers, secret, args.kind, hosts, args.shards,
+                                           network))
     entry = {"benchmark": "hello_flood", "python": platform.python_version(), "kind": args.kind,
              "devices_per_shard": args.devices, "shards": args.shards, "attackers": args.attackers,
              "register_seconds_quiet": quiet["seconds"], "register_seconds_flood": flooded["seconds"],
@@ -261,6 +272,7 @@ def main() -> None:
         entry["flooding_hellos"] = flooded["flooding_hellos"]
     else:
         entry["flood_hosts"] = hosts
+        entry["flood_network"] = f"{network}.0/24" + (" (the honest shards')" if args.same_network else "")
         entry[{"partial-frames": "pool_bytes_at_connect", "idle-churn": "connections_at_connect",
                "foreign-hellos": "failed_hellos_at_connect"}[args.kind]] = flooded["held_at_connect"]
     print(json.dumps(entry))

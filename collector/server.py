@@ -31,7 +31,10 @@ Hostile input is bounded (every cause counted in ``drops``; summary.json's ``liv
   host's by one check; a Hello whose peer closed before its turn is not checked (``abandoned``); first
   registrations are checked before Hellos from a host whose Hello failed the full MAC or naming mostly devices
   registered before or named by such a Hello (:meth:`LiveCollector._first_registration`), so that a flood of
-  those from many hosts delays a first registration by one check too;
+  those from many hosts delays a first registration by one check too; and within each of those two classes
+  networks take turns (an IPv4 /24, an IPv6 /48: :func:`peer_prefix`), so that a peer on many addresses of one
+  network that demotes a shard (marking its devices with failed Hellos) delays it by one check per network it
+  floods from, not one per address;
 - connections beyond ``max_connections`` (default: devices + 64, at most RLIMIT_NOFILE - 64): the newcomer takes
   the place of the oldest connection without a Hello of the host with the most such connections when that host
   has at least two more than the newcomer's, else of the oldest connection that has said no Hello and has been
@@ -119,6 +122,18 @@ def peer_key(address: str) -> str:
             return str(ip.ipv4_mapped)
         return str(ipaddress.IPv6Network((ip, 64), strict=False))
     return str(ip)
+
+
+def peer_prefix(host: str) -> str:
+    """The network a host (a :func:`peer_key`) is counted in when hosts take turns at the MAC check
+    (collector/shares.py Turns): an IPv4 address's /24, an IPv6 /64's /48 (a site's allocation), so that a peer
+    holding many addresses of one network has one turn among other networks' Hellos, not one per address."""
+    try:
+        net = ipaddress.ip_network(host, strict=False)
+    except ValueError:
+        return host
+    width = 24 if net.version == 4 else 48
+    return str(net.supernet(new_prefix=width)) if net.prefixlen > width else str(net)
 
 
 class _PausedProtocol(asyncio.StreamReaderProtocol):
@@ -540,7 +555,8 @@ class LiveCollector:
         MACs are checked one Hello at a time, and each host has at most one Hello in that queue (its others wait
         their turn behind it), so that a flood of Hellos from one host (a taken-over shard holding valid
         credentials, say) delays another host's Hello by at most one check; first registrations go ahead of
-        the rest (:meth:`_first_registration`). The range, the run's protocol and
+        the rest (:meth:`_first_registration`), and within each class networks take turns (:func:`peer_prefix`:
+        many hosts of one network delay another network's Hello by one check). The range, the run's protocol and
         scenario and whether another connection holds the devices are checked after the probe and the sample
         (which a peer without nearly all the credentials it names fails) and before the full MAC, so that Hellos
         for devices that could not register cost 65 derivations each, not one per id."""
@@ -577,7 +593,8 @@ class LiveCollector:
                 try:
                     # (a Hello that is not a first registration waits behind those at most half its time)
                     await asyncio.wait_for(self._turns.acquire(self._first_registration(conn.host, msg.devices),
-                                                               self.settings.hello_timeout / 2),
+                                                               self.settings.hello_timeout / 2,
+                                                               peer_prefix(conn.host)),
                                            max(0.0, deadline - loop.time()))
                 except BaseException:
                     lane.release()
@@ -622,9 +639,11 @@ class LiveCollector:
         host it floods from (from 100 hosts, 3.6 s instead of 0.4 for a 50,000-device shard). Only a full
         MAC's failure marks devices (a peer must hold nearly every credential its Hello names to reach it), and
         the half is a majority of the Hello: the few foreign ids of each failed Hello, the devices of the
-        first registrations it delays, would take one failed Hello per percent of a shard to demote it. A
-        Hello naming no device of the population is none; one that is not waits behind first registrations at
-        most half the hello timeout (then among them), so that a stream of them never starves it."""
+        first registrations it delays, would take one failed Hello per percent of a shard to demote it (about
+        50, each with a different 1%); a demoted shard then waits one check per network the peer floods from,
+        as networks take turns within each class. A Hello naming no device of the population is none; one that
+        is not waits behind first registrations at most half the hello timeout (then among them), so that a
+        stream of them never starves it."""
         if host in self._failed_hosts:
             return False
         known = self._in_range(ids)

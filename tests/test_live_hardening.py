@@ -1435,6 +1435,103 @@ async def test_first_registrations_are_checked_before_hellos_of_suspect_devices_
 
 
 @pytest.mark.asyncio
+async def test_a_demoted_shard_waits_one_check_of_a_peer_flooding_from_another_network(monkeypatch) -> None:
+    """An attacker's finding: a peer holding a shard's credentials can demote another shard, by naming a different
+    1% of it in each of its failed Hellos (here one failed Hello names all of it). The demoted shard's Hello then
+    waited behind every Hello the peer had queued from its 100 addresses (3.3 s). Hosts now take turns at the
+    check by network (an IPv4 /24, collector/shares.py Turns): five failing Hellos from 127.0.1.3-7, then the
+    demoted shard's from 127.0.0.1, which is checked after the one in progress and at most one more of the
+    flood's (whose network was in turn first), not after all five."""
+    checked: list[tuple[int, int]] = []
+
+    def slow_full(*args):
+        ids = args[4]
+        checked.append((int(ids[0]), ids.size))
+        time.sleep(0.2)
+        return int(ids[0]) != 0  # the peer's Hellos (from device 0) fail
+
+    monkeypatch.setattr(server_module.auth, "check_sample", lambda *args: True)
+    monkeypatch.setattr(server_module.auth, "check_full", slow_full)
+    sc = scenario()
+    server, _, _ = live.build_server(sc, Ledger(sc.devices), None, dataclasses.replace(FAST, secret=SECRET))
+    port = await server.start(HOST, 0)
+
+    def knock(source: str, ids):  # whether the collector refused the Hello (rather than registered it)
+        return knock_with_a_bad_mac(port, ids, source, timeout=5)
+
+    try:
+        assert await knock("127.0.1.2", range(300))  # fails: devices 0-299 are suspect now, 100-299 demoted
+        flood = []
+        for i in range(5):
+            flood.append(asyncio.ensure_future(knock(f"127.0.1.{3 + i}", range(100))))
+            await asyncio.sleep(0.02)  # in this order; the first is being checked
+        assert not await knock("127.0.0.1", range(100, 300))  # the demoted shard registers
+        assert all(await asyncio.gather(*flood))
+    finally:
+        await server.close()
+    assert checked[0] == (0, 300) and checked.index((100, 200)) <= 3, checked
+    assert len(checked) == 7 and server.drops == {"auth": 6}, (checked, server.drops)
+
+
+def test_hosts_take_turns_by_network() -> None:
+    """The network a host's Hellos take turns in: an IPv4 address's /24, an IPv6 host's /48 (its key is its /64,
+    collector/server.py peer_key), an IPv4-mapped address as IPv4, anything unparsed as itself."""
+    key, prefix = server_module.peer_key, server_module.peer_prefix
+    assert prefix(key("203.0.113.77")) == prefix(key("203.0.113.1")) == "203.0.113.0/24"
+    assert prefix(key("203.0.114.77")) == "203.0.114.0/24"
+    assert prefix(key("::ffff:203.0.113.9")) == "203.0.113.0/24"
+    assert prefix(key("2001:db8:1:2::5")) == prefix(key("2001:db8:1:ffff::9")) == "2001:db8:1::/48"
+    assert prefix(key("2001:db8:2::1")) == "2001:db8:2::/48"
+    assert prefix("?") == "?"
+
+
+@pytest.mark.asyncio
+async def test_turns_rotate_over_groups_within_a_class() -> None:
+    """collector/shares.py's Turns with groups (a host's network): within a class the groups take turns, each
+    group first come first served, so that a later group's waiter goes after one of an earlier group's, not
+    after all of them; the urgent class still comes first, and a promoted waiter joins its own group there."""
+    from collector.shares import Turns
+
+    turns, order = Turns(), []
+
+    async def take(name: str, urgent: bool, group: str) -> None:
+        await turns.acquire(urgent, None, group)
+        order.append(name)
+        await asyncio.sleep(0.005)
+        turns.release()
+
+    await turns.acquire(False)  # held: everyone below waits
+    tasks = []
+    for spec in [("a1", False, "a"), ("a2", False, "a"), ("a3", False, "a"), ("b1", False, "b"), ("b2", False, "b"),
+                 ("c1", False, "c"), ("urgent a1", True, "a"), ("urgent a2", True, "a"), ("urgent d1", True, "d")]:
+        tasks.append(asyncio.ensure_future(take(*spec)))
+        await asyncio.sleep(0)  # queued in this order
+    await asyncio.sleep(0.01)
+    assert turns.waiting == 9
+    turns.release()
+    await asyncio.gather(*tasks)
+    assert order == ["urgent a1", "urgent d1", "urgent a2", "a1", "b1", "c1", "a2", "b2", "a3"], order
+    assert turns.waiting == 0 and turns._classes == ({}, {})
+    order.clear()  # a waiter of the lower class past its promotion time joins its own group's urgent waiters
+    await turns.acquire(True)
+
+    async def promoted(name: str) -> None:
+        await turns.acquire(False, 0.02, "x")
+        order.append(name)
+        turns.release()
+
+    tasks = [asyncio.ensure_future(take("urgent x0", True, "x")), asyncio.ensure_future(promoted("x1")),
+             asyncio.ensure_future(promoted("x2"))]
+    await asyncio.sleep(0.06)
+    tasks.append(asyncio.ensure_future(take("urgent y1", True, "y")))
+    await asyncio.sleep(0.01)
+    turns.release()
+    await asyncio.gather(*tasks)
+    assert order == ["urgent x0", "urgent y1", "x1", "x2"], order
+    assert turns._classes == ({}, {})
+
+
+@pytest.mark.asyncio
 async def test_turns_serve_the_urgent_first_and_pass_a_cancelled_turn_on() -> None:
     """collector/shares.py's Turns: one holder; urgent waiters before others, each class in arrival order, but
     no more than ``burst`` urgent turns in a row while another waits; a waiter cancelled while waiting leaves
