@@ -89,6 +89,9 @@ class DeviceClient:
         # which is not kept)
         self._keys = (credentials.keys_of(ids) if credentials is not None
                       else auth.device_keys(secret, ids) if secret is not None else None)
+        # their key id (hex), checked against the one a collector's Challenge names
+        self.key_id = (credentials.key_id if credentials is not None
+                       else auth.key_id(secret) if secret is not None else None)
         self.tls, self.server_hostname, self.challenge_timeout = tls, server_hostname, challenge_timeout
         self.scenario = scenario  # the fingerprint its Hellos carry (None: none, as older clients)
         self.limits = limits or Limits()
@@ -194,9 +197,16 @@ class DeviceClient:
             loop = asyncio.get_running_loop()
             since = loop.time()
             try:
-                nonce = await asyncio.wait_for(self._challenge(reader, decoder, early), self.challenge_timeout)
+                challenge = await asyncio.wait_for(self._challenge(reader, decoder, early), self.challenge_timeout)
             except asyncio.TimeoutError:
-                nonce = None
+                challenge = None
+            nonce = None if challenge is None else challenge.nonce
+            theirs = None if challenge is None or challenge.key_id is None else challenge.key_id.hex()
+            if theirs is not None and theirs != self.key_id:
+                raise CollectorRefused(
+                    f"the collector at {self.host}:{self.port} authenticates devices under key id {theirs}, and "
+                    f"these devices' credentials are of key id {self.key_id}: another deployment's secret or "
+                    "credentials file")
             if nonce is None:
                 if not early and not decoder.pending and loop.time() - since >= NO_CHALLENGE_AFTER:
                     raise CollectorRefused(
@@ -231,10 +241,10 @@ class DeviceClient:
                     return
 
     async def _challenge(self, reader: asyncio.StreamReader, decoder: FrameDecoder,
-                         early: list[Message]) -> bytes | None:
-        """The collector's challenge nonce (its first frame), or None if the connection closed first."""
-        nonce = None
-        while nonce is None:
+                         early: list[Message]) -> Challenge | None:
+        """The collector's challenge (its first frame), or None if the connection closed first."""
+        challenge: Challenge | None = None
+        while challenge is None:
             data = await reader.read(1 << 16)
             if not data:
                 return None
@@ -244,11 +254,11 @@ class DeviceClient:
                 except wire.WireError:
                     self.rejected += 1
                     continue
-                if nonce is None and isinstance(msg, Challenge):
-                    nonce = msg.nonce
-                elif nonce is not None:
+                if challenge is None and isinstance(msg, Challenge):
+                    challenge = msg
+                elif challenge is not None:
                     early.append(msg)
-        return nonce
+        return challenge
 
     async def _on_message(self, msg: Message, writer: asyncio.StreamWriter) -> bool:
         """Answer one collector message; True when the run is over."""

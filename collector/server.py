@@ -253,6 +253,8 @@ class LiveCollector:
         #: devices named by a Hello whose full MAC failed (its peer held nearly all the credentials it named, and
         #: not all): with the devices ever registered, a Hello naming one waits behind first registrations
         self.suspect = np.zeros(self.n_devices, dtype=bool)
+        #: the secret's key id, sent with every Challenge (a client of another deployment tells so at once)
+        self._key_id = bytes.fromhex(auth.key_id(settings.secret)) if settings.secret is not None else None
         self._failed_hosts: dict[str, None] = {}  # hosts one of whose Hellos failed the full MAC (the latest)
         self._logged = 0
         self.current_round = 0
@@ -357,7 +359,7 @@ class LiveCollector:
             if settings.secret is not None:
                 conn.nonce = os.urandom(wire.NONCE_BYTES)
                 writer.write(frame(wire.encode(Challenge(max(1, self.current_round), self.protocol.name,
-                                                         conn.nonce))))
+                                                         conn.nonce, self._key_id))))
                 self.frames_sent += 1
             conn.ready = True
             frame_started = 0.0

@@ -9,7 +9,8 @@ and nothing else: a device (or a client hosting a cohort) can be provisioned wit
 The collector stores no per-device state: it derives ``k_d`` from ``S`` when it needs it.
 
 **Hello.** When the collector has a secret, its first frame on every connection is a ``Challenge`` with a fresh
-32-byte random nonce ``N``. The client's ``Hello`` for devices ``d_1 < d_2 < ... < d_n`` (n >= 1) carries
+32-byte random nonce ``N`` and the secret's key id (:func:`key_id`: a client holding credentials of another
+secret stops there and says so, rather than sending a Hello that fails). The client's ``Hello`` for devices ``d_1 < d_2 < ... < d_n`` (n >= 1) carries
 ``mac = probe || sample || full`` (16 + 16 + 32 = 64 bytes), where, with
 ``M = "ldpsim/hello/v1" || N || uint32_be(round) || protocol || 0x00 || SHA256(uint64_be(d_1..d_n))``,
 
@@ -79,7 +80,8 @@ from typing import BinaryIO, Iterator
 
 import numpy as np
 
-from protocols.wire import MAC_BYTES  # a Hello's probe || sample || full MAC: 16 + 16 + 32 bytes
+# a Hello's probe || sample || full MAC (16 + 16 + 32 bytes); a key id's bytes (a Challenge carries one)
+from protocols.wire import KEY_ID_BYTES, MAC_BYTES
 
 DEVICE_CONTEXT = b"ldpsim/device/v1"  # 16 bytes
 HELLO_CONTEXT = b"ldpsim/hello/v1"
@@ -93,7 +95,6 @@ KEY_BYTES = 32
 
 CREDENTIALS_MAGIC = b"ldpsim/creds/v1\n"
 KEY_ID_CONTEXT = b"ldpsim/key-id/v1"
-KEY_ID_BYTES = 8
 #: a credentials file's bytes beside its keys: magic, first id, count, key id, and the trailing SHA256
 CREDENTIALS_OVERHEAD = len(CREDENTIALS_MAGIC) + 8 + 8 + KEY_ID_BYTES + 32
 

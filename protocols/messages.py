@@ -81,12 +81,15 @@ class Hello:
 class Challenge:
     """Collector -> device client (live runtime, with a deployment secret): the first frame on a connection, a
     fresh random ``nonce`` (32 bytes) the connection's Hello must authenticate (protocols.auth). ``round`` is
-    the collector's current round (at least 1)."""
+    the collector's current round (at least 1); ``key_id`` the key id of its secret (8 bytes:
+    protocols.auth.key_id; None from an older collector), so that a client holding credentials of another
+    deployment says so instead of sending a Hello that fails its MAC."""
 
     TYPE = "challenge"
     round: int
     protocol: str
     nonce: bytes
+    key_id: bytes | None = None
 
 
 @dataclass(frozen=True)

@@ -15,13 +15,15 @@ arrays, or of millions of empty ones, is a :class:`WireError` instead of a ``Rec
 Python objects. Any other exception while decoding is a bug; none is known (the fuzz tests in
 tests/test_wire.py and benchmarks/bench_live_soak.py feed structure-aware and random inputs).
 
-Live runtime only: ``Challenge`` (collector -> client: a 32-byte nonce as a u1 array) and the optional ``mac``
+Live runtime only: ``Challenge`` (collector -> client: a 32-byte nonce as a u1 array, and optionally the
+8-byte ``key_id`` of the collector's secret) and the optional ``mac``
 field of ``Hello`` (32 bytes, a u1 array) carry device authentication (protocols.auth); the optional
 ``scenario`` field of ``Hello`` (32 bytes) fingerprints the scenario the devices run, and ``refused``
 (collector -> client: a reason, at most ``MAX_REASON`` characters) says why a collector will not serve them.
 All are additions to version 1 that a newer collector takes from older clients (a Hello without ``mac`` or
-``scenario``); an older collector refuses a newer client's Hello with ``scenario`` as malformed, so both ends
-of a deployment are upgraded together. A client that does not know ``challenge`` or ``refused`` drops it as
+``scenario``), and a newer client from older collectors (a Challenge without ``key_id``); an older collector
+refuses a newer client's Hello with ``scenario`` as malformed, and an older client drops a Challenge with
+``key_id`` as one, so both ends of a deployment are upgraded together. A client that does not know ``challenge`` or ``refused`` drops it as
 an undecodable frame.
 """
 
@@ -53,6 +55,7 @@ MAX_ROUND = 2**31 - 1
 MAX_DEPTH = 3  # containers nested at most this deep (the schema needs 2)
 MAX_OBJECTS = 4096  # msgpack objects in one message at most (a report batch has about 20)
 NONCE_BYTES = 32
+KEY_ID_BYTES = 8  # a Challenge's key id (protocols.auth.key_id)
 MAC_BYTES = 64  # a Hello's probe and full MAC (protocols.auth)
 SCENARIO_BYTES = 32  # a Hello's scenario fingerprint (sha256)
 MAX_REASON = 200  # characters of a refusal's reason
@@ -165,6 +168,8 @@ def encode(msg: Message) -> bytes:
         body = {"round": msg.round, "protocol": msg.protocol, "reason": msg.reason}
     elif isinstance(msg, Challenge):
         body = {"round": msg.round, "protocol": msg.protocol, "nonce": _fixed_bytes(msg.nonce, NONCE_BYTES, "nonce")}
+        if msg.key_id is not None:
+            body["key_id"] = _fixed_bytes(msg.key_id, KEY_ID_BYTES, "key_id")
     elif isinstance(msg, End):
         body = {"round": msg.round, "protocol": msg.protocol}
     elif isinstance(msg, Threshold):
@@ -328,7 +333,7 @@ _FIELDS = {"collect": ("round", "protocol", "deadline"), "reports": ("round", "p
            "threshold": ("round", "protocol", "theta", "version", "deadline"),
            "hello": ("round", "protocol", "devices"), "end": ("round", "protocol"),
            "challenge": ("round", "protocol", "nonce"), "refused": ("round", "protocol", "reason")}
-_OPTIONAL = {"hello": ("mac", "scenario")}
+_OPTIONAL = {"hello": ("mac", "scenario"), "challenge": ("key_id",)}
 
 
 def _bytes_field(body: dict, key: str, n: int) -> bytes:
@@ -415,7 +420,8 @@ def _decode(data: bytes, max_bytes: int) -> Message:
             raise WireError(f"field 'reason' must be a printable string of at most {MAX_REASON} characters")
         return Refusal(round=round_, protocol=protocol, reason=reason)
     if kind == "challenge":
-        return Challenge(round=round_, protocol=protocol, nonce=_bytes_field(body, "nonce", NONCE_BYTES))
+        key = _bytes_field(body, "key_id", KEY_ID_BYTES) if "key_id" in body else None
+        return Challenge(round=round_, protocol=protocol, nonce=_bytes_field(body, "nonce", NONCE_BYTES), key_id=key)
     if kind == "threshold":
         return Threshold(round=round_, protocol=protocol, theta=_float(body, "theta"),
                          version=_int(body, "version", 1, MAX_ROUND), deadline=_float(body, "deadline"))

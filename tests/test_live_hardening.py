@@ -451,20 +451,58 @@ async def test_a_hello_outside_the_population_is_refused_as_a_forged_one_and_tel
 
 @pytest.mark.asyncio
 async def test_a_device_client_under_another_secret_stops_with_the_reason() -> None:
-    """A shard whose credentials come from another secret is refused with a reason and stops, instead of
-    reconnecting twenty times a second for ever; the honest shards' run is the simulated run."""
+    """A shard whose credentials come from another secret stops with a reason, instead of reconnecting twenty
+    times a second for ever: the collector's Challenge names the key id of its secret, so the client says both
+    key ids and sends no Hello (before, it learnt only that its Hello's MAC was not valid, as a shard with
+    another shard's keys does); the honest shards' run is the simulated run."""
+    import hmac
+
     from agents.client import CollectorRefused
 
     h = await started(settings=dataclasses.replace(FAST, secret=SECRET))
     await h.registered()
     n = h.sc.devices
-    stranger = live.build_client(h.sc, np.arange(n, dtype=np.int64)[:1], Ledger(n), HOST, h.port,
-                                 secret=b"not the deployment secret at all")
-    with pytest.raises(CollectorRefused, match="without a valid mac"):
+    other = b"not the deployment secret at all"
+    stranger = live.build_client(h.sc, np.arange(n, dtype=np.int64)[:1], Ledger(n), HOST, h.port, secret=other)
+    ours, theirs = (hmac.digest(s, b"ldpsim/key-id/v1", "sha256")[:8].hex() for s in (SECRET, other))
+    with pytest.raises(CollectorRefused, match=f"authenticates devices under key id {ours}, and these devices' "
+                                               f"credentials are of key id {theirs}: another deployment's"):
         await asyncio.wait_for(stranger.run(), 10)
     assert stranger.connections == 1, (h.server.drops, h.log()[-8:])
     got = await h.finish()
-    assert got["digests"] == simulated() and h.server.drops == {"auth": 1}
+    assert got["digests"] == simulated() and "auth" not in h.server.drops, h.server.drops
+
+
+@pytest.mark.asyncio
+async def test_a_challenge_without_a_key_id_is_answered() -> None:
+    """An older collector's Challenge names no key id: a client holding credentials answers it with its Hello,
+    as before (a collector of another deployment then refuses the MAC)."""
+    hello_seen = asyncio.get_running_loop().create_future()
+
+    async def older_collector(reader, writer):
+        writer.write(frame(wire.encode(Challenge(1, PROTOCOL, b"\x01" * 32))))
+        await writer.drain()
+        hello_seen.set_result(wire.decode((await reader.readexactly(
+            int.from_bytes(await reader.readexactly(4), "big")))))
+        writer.write(frame(wire.encode(Refusal(1, PROTOCOL, "hello without a valid mac for its devices"))))
+        await writer.drain()
+        writer.close()
+
+    from agents.client import CollectorRefused
+
+    server = await asyncio.start_server(older_collector, HOST, 0)
+    port = server.sockets[0].getsockname()[1]
+    sc = scenario()
+    client = live.build_client(sc, np.arange(2, dtype=np.int64), Ledger(sc.devices), HOST, port,
+                               secret=b"not the deployment secret at all")
+    try:
+        with pytest.raises(CollectorRefused, match="without a valid mac"):
+            await asyncio.wait_for(client.run(), 10)
+        got = await hello_seen
+        assert isinstance(got, Hello) and got.mac is not None and list(got.devices) == [0, 1]
+    finally:
+        server.close()
+        await server.wait_closed()
 
 
 def test_a_collector_cannot_choose_the_times_in_the_devices_ledger() -> None:

@@ -582,9 +582,19 @@ def test_hello_and_challenge_round_trip():
     with pytest.raises(ValueError, match="at most 200 characters"):
         encode(Refusal(1, "1bitrrpm", "x" * 201))
     ch = decode(encode(Challenge(1, "1bitrrpm", b"\xff" * 32)))
-    assert isinstance(ch, Challenge) and ch.nonce == b"\xff" * 32
+    assert isinstance(ch, Challenge) and ch.nonce == b"\xff" * 32 and ch.key_id is None
     with pytest.raises(ValueError, match="32 bytes"):
         encode(Challenge(1, "1bitrrpm", b"short"))
+    ch = decode(encode(Challenge(2, "1bitrrpm", b"\x01" * 32, bytes(range(8)))))
+    assert ch == Challenge(2, "1bitrrpm", b"\x01" * 32, bytes(range(8)))
+    with pytest.raises(ValueError, match="8 bytes"):
+        encode(Challenge(1, "1bitrrpm", b"\x01" * 32, b"\x01" * 9))
+    challenge = {"v": 1, "type": "challenge", "round": 1, "protocol": "1bitrrpm", "nonce": arr("u1", range(32))}
+    for key_id, problem in ((arr("u1", range(7)), "must be a u1 array of 8 bytes"),
+                            (arr("u4", range(2)), "must be a u1 array of 8 bytes"),
+                            ("0001020304050607", "must be a typed array, got str")):
+        with pytest.raises(WireError, match=f"field 'key_id' {problem}"):
+            decode(pack({**challenge, "key_id": key_id}))
 
 
 HELLO = {"v": 1, "type": "hello", "round": 1, "protocol": "1bitrrpm", "devices": arr("u4", [1, 2])}
