@@ -32,9 +32,10 @@ Hostile input is bounded (every cause counted in ``drops``; summary.json's ``liv
   registrations are checked before Hellos from a host whose Hello failed the full MAC or naming mostly devices
   registered before or named by such a Hello (:meth:`LiveCollector._first_registration`), so that a flood of
   those from many hosts delays a first registration by one check too; and within each of those two classes
-  networks take turns (an IPv4 /24, an IPv6 /48: :func:`peer_prefix`), so that a peer on many addresses of one
-  network that demotes a shard (marking its devices with failed Hellos) delays it by one check per network it
-  floods from, not one per address;
+  hosts take turns, the hosts of a network from which a Hello failed its MAC as one (an IPv4 /24, an IPv6 /48:
+  :meth:`LiveCollector._turn_group`), so that a peer on many addresses of one network that demotes a shard
+  (marking its devices with failed Hellos) delays it by one check per network it floods from, not one per
+  address, while honest hosts sharing a clean network keep a turn each;
 - connections beyond ``max_connections`` (default: devices + 64, at most RLIMIT_NOFILE - 64): the newcomer takes
   the place of the oldest connection without a Hello of the host with the most such connections when that host
   has at least two more than the newcomer's, else of the oldest connection that has said no Hello and has been
@@ -83,6 +84,7 @@ EXTRA_CONNECTIONS = 64  # default connection limit: one per device and this many
 #: (an honest client says its Hello within a round trip or two; at most half the hello timeout is used)
 EVICT_AGE = 1.0
 FAILED_HOSTS = 1 << 16  # hosts whose Hellos failed the full MAC, remembered (the latest) to queue theirs last
+# (and as many networks whose Hellos failed any MAC check, whose hosts take their turns as one)
 FD_MARGIN = 64  # file descriptors kept free below RLIMIT_NOFILE (listening socket, logs, run files)
 
 
@@ -111,23 +113,25 @@ def hello_frame_limit(n_devices: int, secret: bool = False) -> int:
 
 def peer_key(address: str) -> str:
     """The key the per-host limits count a peer under (lanes of the MAC check, ``max_pending_per_host``): its
-    IPv4 address (an IPv4-mapped IPv6 one as IPv4), or its IPv6 /64, the block one subscriber is given, so that
-    a host cannot multiply its share by taking addresses of its own block."""
+    IPv4 address (an IPv4-mapped IPv6 one as IPv4, and a 6to4 one, 2002::/16, as the IPv4 address it embeds,
+    whose site holds the whole /48), or its IPv6 /64, the block one subscriber is given, so that a host cannot
+    multiply its share by taking addresses of its own block."""
     try:
         ip = ipaddress.ip_address(address.split("%", 1)[0])
     except ValueError:
         return address
     if isinstance(ip, ipaddress.IPv6Address):
-        if ip.ipv4_mapped is not None:
-            return str(ip.ipv4_mapped)
+        if ip.ipv4_mapped is not None or ip.sixtofour is not None:
+            return str(ip.ipv4_mapped or ip.sixtofour)
         return str(ipaddress.IPv6Network((ip, 64), strict=False))
     return str(ip)
 
 
 def peer_prefix(host: str) -> str:
-    """The network a host (a :func:`peer_key`) is counted in when hosts take turns at the MAC check
-    (collector/shares.py Turns): an IPv4 address's /24, an IPv6 /64's /48 (a site's allocation), so that a peer
-    holding many addresses of one network has one turn among other networks' Hellos, not one per address."""
+    """The network of a host (a :func:`peer_key`) whose hosts take their turns at the MAC check as one once a
+    Hello from it failed (:meth:`LiveCollector._turn_group`): an IPv4 address's /24, an IPv6 /64's /48 (a
+    site's allocation). IPv6 networks are much cheaper to hold than IPv4 ones (a tunnel broker gives /48s
+    away)."""
     try:
         net = ipaddress.ip_network(host, strict=False)
     except ValueError:
@@ -256,6 +260,7 @@ class LiveCollector:
         #: the secret's key id, sent with every Challenge (a client of another deployment tells so at once)
         self._key_id = bytes.fromhex(auth.key_id(settings.secret)) if settings.secret is not None else None
         self._failed_hosts: dict[str, None] = {}  # hosts one of whose Hellos failed the full MAC (the latest)
+        self._failed_networks: dict[str, None] = {}  # networks one of whose Hellos failed any MAC check (the latest)
         self._logged = 0
         self.current_round = 0
         self.frames_sent = 0
@@ -557,8 +562,8 @@ class LiveCollector:
         MACs are checked one Hello at a time, and each host has at most one Hello in that queue (its others wait
         their turn behind it), so that a flood of Hellos from one host (a taken-over shard holding valid
         credentials, say) delays another host's Hello by at most one check; first registrations go ahead of
-        the rest (:meth:`_first_registration`), and within each class networks take turns (:func:`peer_prefix`:
-        many hosts of one network delay another network's Hello by one check). The range, the run's protocol and
+        the rest (:meth:`_first_registration`), and within each class hosts take turns, those of a network a
+        Hello from which failed its MAC as one (:meth:`_turn_group`). The range, the run's protocol and
         scenario and whether another connection holds the devices are checked after the probe and the sample
         (which a peer without nearly all the credentials it names fails) and before the full MAC, so that Hellos
         for devices that could not register cost 65 derivations each, not one per id."""
@@ -596,7 +601,7 @@ class LiveCollector:
                     # (a Hello that is not a first registration waits behind those at most half its time)
                     await asyncio.wait_for(self._turns.acquire(self._first_registration(conn.host, msg.devices),
                                                                self.settings.hello_timeout / 2,
-                                                               peer_prefix(conn.host)),
+                                                               self._turn_group(conn.host)),
                                            max(0.0, deadline - loop.time()))
                 except BaseException:
                     lane.release()
@@ -608,6 +613,7 @@ class LiveCollector:
                 args = (secret, conn.nonce or b"", msg.round, msg.protocol, msg.devices.astype(np.uint64), msg.mac)
                 self._check_open(conn)
                 if not await loop.run_in_executor(None, auth.check_sample, *args):
+                    self._failed_network(conn.host)
                     self._check_range(msg)
                     return False
                 # the peer holds nearly all the credentials it names: it may be told about this run, before the
@@ -642,8 +648,8 @@ class LiveCollector:
         MAC's failure marks devices (a peer must hold nearly every credential its Hello names to reach it), and
         the half is a majority of the Hello: the few foreign ids of each failed Hello, the devices of the
         first registrations it delays, would take one failed Hello per percent of a shard to demote it (about
-        50, each with a different 1%); a demoted shard then waits one check per network the peer floods from,
-        as networks take turns within each class. A Hello naming no device of the population is none; one that
+        50, each with a different 1%); a demoted shard then waits one check per network the peer floods from
+        (:meth:`_turn_group`). A Hello naming no device of the population is none; one that
         is not waits behind first registrations at most half the hello timeout (then among them), so that a
         stream of them never starves it."""
         if host in self._failed_hosts:
@@ -652,8 +658,27 @@ class LiveCollector:
         familiar = int(np.count_nonzero(self.registered[known] | self.suspect[known]))
         return known.size > 0 and familiar * 2 <= known.size
 
+    def _turn_group(self, host: str) -> str:
+        """Whom a Hello from ``host`` takes its turn at the MAC check with (collector/shares.py Turns): its network
+        (:func:`peer_prefix`) once a Hello from that network has failed its MAC, else the host alone. A peer on
+        many addresses of a few networks then has one turn per network, not one per address (100 addresses of
+        one /24 demoting a shard held it behind 100 full MACs: 3.2 s), while honest hosts sharing a clean
+        network keep one turn each (grouped by network from the start, 60 honest hosts of one /24 took one
+        turn between them, and a forger on 16 addresses had 23 of them refused for the Hello timeout)."""
+        network = peer_prefix(host)
+        return network if network in self._failed_networks else host
+
+    def _failed_network(self, host: str) -> None:
+        """A Hello from ``host`` failed its MAC (any of the three checks): its network takes turns as one."""
+        network = peer_prefix(host)
+        self._failed_networks.pop(network, None)
+        self._failed_networks[network] = None
+        if len(self._failed_networks) > FAILED_HOSTS:
+            del self._failed_networks[next(iter(self._failed_networks))]
+
     def _failed(self, host: str, ids: np.ndarray) -> None:
         """A Hello from ``host`` naming ``ids`` passed the sample and failed the full MAC."""
+        self._failed_network(host)
         self.suspect[self._in_range(ids)] = True
         self._failed_hosts.pop(host, None)
         self._failed_hosts[host] = None

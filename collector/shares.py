@@ -14,8 +14,8 @@ Both limits are shared by every peer, honest or not, so each is given out by hos
   a crowded host's connection (LiveCollector._make_room).
 - :class:`Turns`: the turns at the MAC check (one Hello at a time) in two classes: first registrations before
   the Hellos that name devices registered before or named by a Hello that failed its full MAC, or that come
-  from a host one of whose Hellos failed it (LiveCollector._verify); within a class, networks (an IPv4 /24, an
-  IPv6 /48: collector/server.py's ``peer_prefix``) take turns, each first come first served.
+  from a host one of whose Hellos failed it (LiveCollector._verify); within a class, groups take turns, each
+  first come first served: a host, or a network whose Hellos failed (LiveCollector._turn_group).
 """
 
 from __future__ import annotations
@@ -153,10 +153,10 @@ class Turns:
     urgent ones (forged Hellos, refused after one key derivation each, from a peer without credentials) never
     starves the others (an honest client reconnecting waited 15 s).
 
-    Within a class, waiters are grouped (``group``: a network prefix) and the groups take turns, first come
-    first served within a group: waiters from many hosts of one prefix delay another prefix's by one turn, not
-    by one turn each (a peer on 100 addresses, demoting a shard by marking its devices, held it behind 100
-    full MAC checks: 3.3 s)."""
+    Within a class, waiters are grouped (``group``: a host, or a network that sent failing Hellos) and the
+    groups take turns, first come first served within a group: waiters from many hosts of one such network
+    delay another group's by one turn, not by one turn each (a peer on 100 addresses, demoting a shard by
+    marking its devices, held it behind 100 full MAC checks: 3.3 s)."""
 
     def __init__(self, burst: int = 4) -> None:
         self._busy = False
@@ -188,26 +188,27 @@ class Turns:
         if not self._busy and not self.waiting:
             self._busy = True
             return
-        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        cls = 0 if urgent else 1
-        self._classes[cls].setdefault(group, deque()).append(turn)
+        loop = asyncio.get_running_loop()
+        turn: asyncio.Future[None] = loop.create_future()
+        self._classes[0 if urgent else 1].setdefault(group, deque()).append(turn)
+
+        def promote() -> None:
+            if self._leave(1, group, turn):  # (not handed the turn meanwhile) to its group's urgent ones
+                self._classes[0].setdefault(group, deque()).append(turn)
+
+        # a timer, not a wait_for on the turn: a waiter cancelled as it is handed the turn must see the
+        # cancellation here, to pass the turn on (an inner wait_for swallowed it and lost the turn for good)
+        timer = loop.call_later(promote_after, promote) if not urgent and promote_after is not None else None
         try:
-            if urgent or promote_after is None:
-                await turn
-            else:
-                try:
-                    await asyncio.wait_for(asyncio.shield(turn), promote_after)
-                except asyncio.TimeoutError:
-                    if self._leave(1, group, turn):  # (not handed the turn meanwhile) to its group's urgent ones
-                        cls = 0
-                        self._classes[0].setdefault(group, deque()).append(turn)
-                    await turn
+            await turn
         except asyncio.CancelledError:
             if turn.done() and not turn.cancelled():  # handed the turn as it was cancelled: pass it on
                 self.release()
             raise
         finally:
-            self._leave(cls, group, turn)
+            if timer is not None:
+                timer.cancel()
+            self._leave(0, group, turn) or self._leave(1, group, turn)
 
     def _next(self, cls: int) -> asyncio.Future[None] | None:
         """The first waiter of the first group of class ``cls``, whose group then goes last; None: none."""

@@ -1476,8 +1476,9 @@ async def test_first_registrations_are_checked_before_hellos_of_suspect_devices_
 async def test_a_demoted_shard_waits_one_check_of_a_peer_flooding_from_another_network(monkeypatch) -> None:
     """An attacker's finding: a peer holding a shard's credentials can demote another shard, by naming a different
     1% of it in each of its failed Hellos (here one failed Hello names all of it). The demoted shard's Hello then
-    waited behind every Hello the peer had queued from its 100 addresses (3.3 s). Hosts now take turns at the
-    check by network (an IPv4 /24, collector/shares.py Turns): five failing Hellos from 127.0.1.3-7, then the
+    waited behind every Hello the peer had queued from its 100 addresses (3.3 s). The hosts of a network whose
+    Hellos failed now take their turns at the check as one (an IPv4 /24, LiveCollector._turn_group): after
+    the first failure from 127.0.1.2, five failing Hellos from 127.0.1.3-7, then the
     demoted shard's from 127.0.0.1, which is checked after the one in progress and at most one more of the
     flood's (whose network was in turn first), not after all five."""
     checked: list[tuple[int, int]] = []
@@ -1511,21 +1512,79 @@ async def test_a_demoted_shard_waits_one_check_of_a_peer_flooding_from_another_n
     assert len(checked) == 7 and server.drops == {"auth": 6}, (checked, server.drops)
 
 
-def test_hosts_take_turns_by_network() -> None:
-    """The network a host's Hellos take turns in: an IPv4 address's /24, an IPv6 host's /48 (its key is its /64,
-    collector/server.py peer_key), an IPv4-mapped address as IPv4, anything unparsed as itself."""
+def test_hosts_of_a_network_take_turns_as_one_once_a_hello_from_it_failed() -> None:
+    """Whom a Hello takes its MAC-check turn with (LiveCollector._turn_group): the host alone, until a Hello
+    from its network (an IPv4 /24, an IPv6 /48; a 6to4 address counted as the IPv4 address it embeds) fails a
+    MAC check; then the network. IPv4-mapped and 6to4 addresses are their IPv4 hosts; anything unparsed is
+    itself."""
     key, prefix = server_module.peer_key, server_module.peer_prefix
     assert prefix(key("203.0.113.77")) == prefix(key("203.0.113.1")) == "203.0.113.0/24"
     assert prefix(key("203.0.114.77")) == "203.0.114.0/24"
-    assert prefix(key("::ffff:203.0.113.9")) == "203.0.113.0/24"
+    assert key("::ffff:203.0.113.9") == "203.0.113.9" and key("2002:cb00:7109::1") == "203.0.113.9"
+    assert prefix(key("2002:cb00:710a:5::1")) == "203.0.113.0/24"  # 6to4 of 203.0.113.10: not a /48 of its own
     assert prefix(key("2001:db8:1:2::5")) == prefix(key("2001:db8:1:ffff::9")) == "2001:db8:1::/48"
     assert prefix(key("2001:db8:2::1")) == "2001:db8:2::/48"
     assert prefix("?") == "?"
+    sc = scenario()
+    server, _, _ = live.build_server(sc, Ledger(sc.devices), None, dataclasses.replace(FAST, secret=SECRET))
+    assert [server._turn_group(h) for h in ("203.0.113.1", "203.0.113.2", "2001:db8:1::/64")] == [
+        "203.0.113.1", "203.0.113.2", "2001:db8:1::/64"]
+    server._failed_network("203.0.113.77")
+    server._failed(key("2001:db8:1:7::1"), np.array([1], dtype=np.uint64))
+    assert [server._turn_group(h) for h in ("203.0.113.1", "203.0.113.2", "203.0.114.1", "2001:db8:1::/64")] == [
+        "203.0.113.0/24", "203.0.113.0/24", "203.0.114.1", "2001:db8:1::/48"]
+
+
+@pytest.mark.asyncio
+async def test_honest_hosts_of_one_network_keep_their_turns_under_a_forged_flood_from_others(monkeypatch) -> None:
+    """An attacker's finding: when every host of a /24 took its turns with the others of its network, six honest
+    first registrations from 127.0.0.0/24 shared one turn against a flood of forged Hellos from three other /24s,
+    each waiting three forged checks (60 honest hosts against a peer without credentials on 16 addresses: 23
+    refused for the Hello timeout, none before). A network takes turns as one only once a Hello from it failed:
+    the flood's three networks have one turn each, the honest hosts one each, so few forged Hellos are checked
+    between the first honest Hello's arrival and the last one's check."""
+    seq: list[str] = []
+
+    def sample(*args):
+        forged = int(args[4][0]) == 0
+        seq.append("F" if forged else "H")
+        time.sleep(0.03 if forged else 0.0)
+        return not forged
+
+    def full(*args):
+        time.sleep(0.02)
+        return True
+
+    monkeypatch.setattr(server_module.auth, "check_sample", sample)
+    monkeypatch.setattr(server_module.auth, "check_full", full)
+    sc = scenario()
+    server, _, _ = live.build_server(sc, Ledger(sc.devices), None, dataclasses.replace(FAST, secret=SECRET))
+    port = await server.start(HOST, 0)
+    stop = asyncio.Event()
+
+    async def flood(source: str) -> None:
+        while not stop.is_set():
+            await knock_with_a_bad_mac(port, range(10), source, timeout=3)
+
+    floods = [asyncio.ensure_future(flood(f"127.0.{10 + net}.{2 + host}")) for net in range(3) for host in range(2)]
+    try:
+        await asyncio.sleep(0.4)  # the flood under way, its networks marked
+        joined = len(seq)
+        honest = [asyncio.ensure_future(knock_with_a_bad_mac(port, range(100 + 20 * i, 110 + 20 * i),
+                                                             f"127.0.0.{2 + i}", timeout=3)) for i in range(6)]
+        assert not any(await asyncio.gather(*honest))  # all six registered
+    finally:
+        stop.set()
+        await asyncio.gather(*floods, return_exceptions=True)
+        await server.close()
+    last = len(seq) - 1 - seq[::-1].index("H")
+    between = seq[joined:last].count("F")  # one per network of the flood: 3 (5 with its 6 hosts apart)
+    assert seq.count("H") == 6 and between <= 4, (between, "".join(seq[joined:last + 1]))
 
 
 @pytest.mark.asyncio
 async def test_turns_rotate_over_groups_within_a_class() -> None:
-    """collector/shares.py's Turns with groups (a host's network): within a class the groups take turns, each
+    """collector/shares.py's Turns with groups (a host, or a network): within a class the groups take turns, each
     group first come first served, so that a later group's waiter goes after one of an earlier group's, not
     after all of them; the urgent class still comes first, and a promoted waiter joins its own group there."""
     from collector.shares import Turns
@@ -1618,6 +1677,30 @@ async def test_turns_serve_the_urgent_first_and_pass_a_cancelled_turn_on() -> No
     turns.release()
     await asyncio.gather(slow, late)
     assert order == [("low, promoted", 1), ("urgent, later", 1)]
+
+
+@pytest.mark.asyncio
+async def test_a_waiter_cancelled_as_it_is_handed_the_turn_never_loses_it() -> None:
+    """An attacker's finding: a waiter of the lower class (waiting for its promotion) whose task was cancelled
+    in the loop pass that handed it the turn lost the turn for good (its promotion's inner wait_for swallowed the
+    cancellation; the caller's wait_for raised it): no Hello was ever checked again. Now either the caller gets
+    the turn (and releases it) or the turn goes on to the next waiter."""
+    from collector.shares import Turns
+
+    for promote_after in (5.0, None):
+        turns = Turns()
+        await turns.acquire(True)  # held
+        waiter = asyncio.ensure_future(asyncio.wait_for(turns.acquire(False, promote_after, "g"), 10))
+        await asyncio.sleep(0.01)
+        turns.release()  # handed to the waiter ...
+        waiter.cancel()  # ... as it is cancelled
+        try:
+            await waiter
+            turns.release()  # it got the turn: its caller holds it, and releases it
+        except asyncio.CancelledError:
+            pass  # it did not: the turn went on
+        await asyncio.wait_for(turns.acquire(True), 1)  # not stuck
+        assert turns.waiting == 0 and turns._classes == ({}, {})
 
 
 def test_with_a_secret_the_first_frame_limit_tells_the_population_within_a_factor_of_two() -> None:
