@@ -1432,6 +1432,30 @@ async def test_a_flood_of_hellos_from_one_host_delays_another_host_s_hello_by_on
     assert server._lanes == {}  # no host's turn left behind
 
 
+async def full_checks_recorded(monkeypatch, failing: tuple[int, ...], timeout: float):
+    """A started collector whose sample check passes every Hello and whose full MAC check takes 0.2 s, records
+    (first id, size) of each Hello it checks, and fails those whose first id is in ``failing``; with the list of
+    checks and a ``knock(source, ids)`` that says whether the Hello was refused (rather than registered)."""
+    checked: list[tuple[int, int]] = []
+
+    def slow_full(*args):
+        ids = args[4]
+        checked.append((int(ids[0]), ids.size))
+        time.sleep(0.2)
+        return int(ids[0]) not in failing
+
+    monkeypatch.setattr(server_module.auth, "check_sample", lambda *args: True)
+    monkeypatch.setattr(server_module.auth, "check_full", slow_full)
+    sc = scenario()
+    server, _, _ = live.build_server(sc, Ledger(sc.devices), None, dataclasses.replace(FAST, secret=SECRET))
+    port = await server.start(HOST, 0)
+
+    def knock(source: str, ids):
+        return knock_with_a_bad_mac(port, ids, source, timeout=timeout)
+
+    return server, checked, knock
+
+
 @pytest.mark.asyncio
 async def test_first_registrations_are_checked_before_hellos_of_suspect_devices_or_hosts(monkeypatch) -> None:
     """A peer holding a shard's credentials sends them with a few foreign ids (the sample passes, the full MAC
@@ -1440,23 +1464,8 @@ async def test_first_registrations_are_checked_before_hellos_of_suspect_devices_
     served across hosts, so such a peer on 100 hosts held a 50,000-device shard's registration behind 100 full
     MACs (3.6 s instead of 0.4). Order of the full checks: the first failure, the one in progress, then the
     honest Hello, then the suspect ones in their order."""
-    checked: list[tuple[int, int]] = []
-
-    def slow_full(*args):
-        ids = args[4]
-        checked.append((int(ids[0]), ids.size))
-        time.sleep(0.2)
-        return int(ids[0]) not in (0, 300)  # the leaked shard's Hellos (0-99, and 300-349) fail
-
-    monkeypatch.setattr(server_module.auth, "check_sample", lambda *args: True)
-    monkeypatch.setattr(server_module.auth, "check_full", slow_full)
-    sc = scenario()
-    server, _, _ = live.build_server(sc, Ledger(sc.devices), None, dataclasses.replace(FAST, secret=SECRET))
-    port = await server.start(HOST, 0)
-
-    def knock(source: str, ids):  # whether the collector refused the Hello (rather than registered it)
-        return knock_with_a_bad_mac(port, ids, source, timeout=3)
-
+    # the leaked shard's Hellos (0-99, and 300-349) fail
+    server, checked, knock = await full_checks_recorded(monkeypatch, failing=(0, 300), timeout=3)
     try:
         assert await knock("127.0.0.2", range(100))  # fails: 0-99 and 127.0.0.2 are suspect now
         assert server.suspect[:100].all() and not server.suspect[100:].any()
@@ -1481,23 +1490,7 @@ async def test_a_demoted_shard_waits_one_check_of_a_peer_flooding_from_another_n
     the first failure from 127.0.1.2, five failing Hellos from 127.0.1.3-7, then the
     demoted shard's from 127.0.0.1, which is checked after the one in progress and at most one more of the
     flood's (whose network was in turn first), not after all five."""
-    checked: list[tuple[int, int]] = []
-
-    def slow_full(*args):
-        ids = args[4]
-        checked.append((int(ids[0]), ids.size))
-        time.sleep(0.2)
-        return int(ids[0]) != 0  # the peer's Hellos (from device 0) fail
-
-    monkeypatch.setattr(server_module.auth, "check_sample", lambda *args: True)
-    monkeypatch.setattr(server_module.auth, "check_full", slow_full)
-    sc = scenario()
-    server, _, _ = live.build_server(sc, Ledger(sc.devices), None, dataclasses.replace(FAST, secret=SECRET))
-    port = await server.start(HOST, 0)
-
-    def knock(source: str, ids):  # whether the collector refused the Hello (rather than registered it)
-        return knock_with_a_bad_mac(port, ids, source, timeout=5)
-
+    server, checked, knock = await full_checks_recorded(monkeypatch, failing=(0,), timeout=5)  # the peer's fail
     try:
         assert await knock("127.0.1.2", range(300))  # fails: devices 0-299 are suspect now, 100-299 demoted
         flood = []
