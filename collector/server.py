@@ -649,9 +649,9 @@ class LiveCollector:
         the half is a majority of the Hello: the few foreign ids of each failed Hello, the devices of the
         first registrations it delays, would take one failed Hello per percent of a shard to demote it (about
         50, each with a different 1%); a demoted shard then waits one check per network the peer floods from
-        (:meth:`_turn_group`). A Hello naming no device of the population is none; one that
-        is not waits behind first registrations at most half the hello timeout (then among them), so that a
-        stream of them never starves it."""
+        (:meth:`_turn_group`). A Hello naming no device of the population is none; one that is not waits behind
+        first registrations at most half the hello timeout (then among them), so that a stream of them never
+        starves it."""
         if host in self._failed_hosts:
             return False
         known = self._in_range(ids)

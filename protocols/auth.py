@@ -10,7 +10,8 @@ The collector stores no per-device state: it derives ``k_d`` from ``S`` when it 
 
 **Hello.** When the collector has a secret, its first frame on every connection is a ``Challenge`` with a fresh
 32-byte random nonce ``N`` and the secret's key id (:func:`key_id`: a client holding credentials of another
-secret stops there and says so, rather than sending a Hello that fails). The client's ``Hello`` for devices ``d_1 < d_2 < ... < d_n`` (n >= 1) carries
+secret stops there and says so, rather than sending a Hello that fails). The client's ``Hello`` for devices
+``d_1 < d_2 < ... < d_n`` (n >= 1) carries
 ``mac = probe || sample || full`` (16 + 16 + 32 = 64 bytes), where, with
 ``M = "ldpsim/hello/v1" || N || uint32_be(round) || protocol || 0x00 || SHA256(uint64_be(d_1..d_n))``,
 

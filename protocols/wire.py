@@ -16,15 +16,15 @@ Python objects. Any other exception while decoding is a bug; none is known (the 
 tests/test_wire.py and benchmarks/bench_live_soak.py feed structure-aware and random inputs).
 
 Live runtime only: ``Challenge`` (collector -> client: a 32-byte nonce as a u1 array, and optionally the
-8-byte ``key_id`` of the collector's secret) and the optional ``mac``
-field of ``Hello`` (32 bytes, a u1 array) carry device authentication (protocols.auth); the optional
-``scenario`` field of ``Hello`` (32 bytes) fingerprints the scenario the devices run, and ``refused``
-(collector -> client: a reason, at most ``MAX_REASON`` characters) says why a collector will not serve them.
-All are additions to version 1 that a newer collector takes from older clients (a Hello without ``mac`` or
-``scenario``), and a newer client from older collectors (a Challenge without ``key_id``); an older collector
-refuses a newer client's Hello with ``scenario`` as malformed, and an older client drops a Challenge with
-``key_id`` as one, so both ends of a deployment are upgraded together. A client that does not know ``challenge`` or ``refused`` drops it as
-an undecodable frame.
+8-byte ``key_id`` of the collector's secret) and the optional ``mac`` field of ``Hello`` (64 bytes, a u1
+array: probe, sample and full MAC) carry device authentication (protocols.auth); the optional ``scenario``
+field of ``Hello`` (32 bytes) fingerprints the scenario the devices run, and ``refused`` (collector -> client:
+a reason, at most ``MAX_REASON`` characters) says why a collector will not serve them. All are additions to
+version 1 that a newer collector takes from older clients (a Hello without ``mac`` or ``scenario``), and a
+newer client from older collectors (a Challenge without ``key_id``); an older collector refuses a newer
+client's Hello with ``scenario`` as malformed, and an older client drops a Challenge with ``key_id`` as one,
+so both ends of a deployment are upgraded together. A client that does not know ``challenge`` or ``refused``
+drops it as an undecodable frame.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ MAX_DEPTH = 3  # containers nested at most this deep (the schema needs 2)
 MAX_OBJECTS = 4096  # msgpack objects in one message at most (a report batch has about 20)
 NONCE_BYTES = 32
 KEY_ID_BYTES = 8  # a Challenge's key id (protocols.auth.key_id)
-MAC_BYTES = 64  # a Hello's probe and full MAC (protocols.auth)
+MAC_BYTES = 64  # a Hello's probe, sample and full MAC (protocols.auth)
 SCENARIO_BYTES = 32  # a Hello's scenario fingerprint (sha256)
 MAX_REASON = 200  # characters of a refusal's reason
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_\-]{0,63}\Z")  # \Z: "$" would also match before a trailing newline
