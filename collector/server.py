@@ -140,6 +140,14 @@ def peer_prefix(host: str) -> str:
     return str(net.supernet(new_prefix=width)) if net.prefixlen > width else str(net)
 
 
+def _remember(latest: dict[str, None], key: str) -> None:
+    """Put ``key`` last in ``latest`` (oldest first), forgetting the oldest beyond :data:`FAILED_HOSTS`."""
+    latest.pop(key, None)
+    latest[key] = None
+    if len(latest) > FAILED_HOSTS:
+        del latest[next(iter(latest))]
+
+
 class _PausedProtocol(asyncio.StreamReaderProtocol):
     """A connection that starts with reading paused, so that no byte of the client's TLS handshake lands in the
     plain StreamReader before ``start_tls`` (which resumes reading) takes the transport over. The connection
@@ -670,20 +678,13 @@ class LiveCollector:
 
     def _failed_network(self, host: str) -> None:
         """A Hello from ``host`` failed its MAC (any of the three checks): its network takes turns as one."""
-        network = peer_prefix(host)
-        self._failed_networks.pop(network, None)
-        self._failed_networks[network] = None
-        if len(self._failed_networks) > FAILED_HOSTS:
-            del self._failed_networks[next(iter(self._failed_networks))]
+        _remember(self._failed_networks, peer_prefix(host))
 
     def _failed(self, host: str, ids: np.ndarray) -> None:
         """A Hello from ``host`` naming ``ids`` passed the sample and failed the full MAC."""
         self._failed_network(host)
         self.suspect[self._in_range(ids)] = True
-        self._failed_hosts.pop(host, None)
-        self._failed_hosts[host] = None
-        if len(self._failed_hosts) > FAILED_HOSTS:
-            del self._failed_hosts[next(iter(self._failed_hosts))]
+        _remember(self._failed_hosts, host)
 
     def _check_ids(self, conn: Connection, msg: Hello) -> None:
         """The checks that cost nothing per id, before any key is derived: one Hello a connection, at least one

@@ -35,11 +35,10 @@ from the message (with repetition). The collector recomputes the three from ``S`
   per connection's Hello, in constant memory) and the client the same once at start. The collector checks
   the range of the ids with the probe (an out-of-range Hello costs one derivation and is told what a forged one
   is told, in the same time), and refuses a first frame longer than a Hello of its whole population (rounded
-  up to a power of two); it verifies one
-  Hello at a time, off its event loop, taking the hosts in turn, and checks the run's protocol and scenario
-  and whether another connection holds the devices after the probe and the sample but before the full MAC,
-  so that a peer holding valid credentials cannot make it pay the full MAC again and again for devices it
-  could not register (collector/server.py).
+  up to a power of two); it verifies one Hello at a time, off its event loop, taking the hosts in turn, and
+  checks the run's protocol and scenario and whether another connection holds the devices after the probe and
+  the sample but before the full MAC, so that a peer holding valid credentials cannot make it pay the full MAC
+  again and again for devices it could not register (collector/server.py).
 - *A forged Hello costs little:* without credentials it is refused after one derivation (the probe), however
   many ids it names. A peer holding the credentials of a share f of the ids it names passes the probe with
   probability f and the sample with f^64 (about 5e-20 at f = 1/2). Trying id sets offline against the

@@ -1125,14 +1125,13 @@ def _draw_panel(ax: Any, groups: dict[tuple[str, ...], dict[int, list[float]]], 
                 order: dict[str, dict[str, int]], fixed: dict[str, str], xpos: list[float]) -> None:
     """One line per combination of the other varied keys (``groups``: its values by x position): the mean
     over repetitions +- one standard error."""
-    import numpy as np
-
     for combo in sorted(groups, key=lambda c: [order[k][lab] for k, lab in zip(others, c)]):
         by_x = groups[combo]
         js = sorted(by_x, key=lambda j: xpos[j])
         ys = [by_x[j] for j in js]
-        mean = [float(np.mean(y)) for y in ys]
-        se = [moments(y)[3] for y in ys]  # NaN for one run: no bar, rather than a bar of 0
+        spread = [moments(y) for y in ys]
+        mean = [m[1] for m in spread]
+        se = [m[3] for m in spread]  # NaN for one run: no bar, rather than a bar of 0
         label = ", ".join(f"{k.strip()}={_short(str(v))}" for k, v in zip(others, combo) if k not in fixed) or None
         ax.errorbar([xpos[j] for j in js], mean, yerr=se, marker="o", ms=4, capsize=3, lw=1.2, label=label)
 
